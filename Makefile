@@ -1,0 +1,35 @@
+# Every target sets itself up: a fresh clone needs only `make run` or `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+JOB    ?= jobs/local.yaml
+# Machines without an NVIDIA driver get torch's CPU build (1 GB, local wheel where one
+# exists); machines with one get the default CUDA build. Override: make TORCH=torch==X.
+TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: run test test-fast lint bench submit logs plan minicluster minicluster-stop build docker-run clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet "$(TORCH)"
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.installed  ## the embedded default: a multi-rank job on this machine
+	$(PY) -m train
+
+test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, SLURM and image tiers
+	$(PY) -m pytest
+
+test-fast: $(VENV)/.installed  ## unit and golden tests only
+	$(PY) -m pytest -m "not slow and not slurm and not image"
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(VENV)/.installed
+	$(PY) -m train.bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,104 @@
+import pytest
+
+from train.config import Config, ConfigError, apply_overrides, build, describe, load
+
+
+def test_defaults_are_the_exercise():
+    cfg = Config()
+    assert (cfg.model.n_layers, cfg.model.dim_in, cfg.model.dim_hidden, cfg.model.n_classes) == (4, 1024, 256, 32)
+    assert (cfg.train.batch_size, cfg.optim.lr, cfg.train.steps, cfg.data.train_size) == (64, 0.1, 1000, 10000)
+    assert cfg.data.test_size >= 1000
+
+
+@pytest.mark.parametrize(
+    "override, check",
+    [
+        ("optim.lr=0.05", lambda c: c.optim.lr == 0.05),
+        ("optim.lr=1e-3", lambda c: c.optim.lr == 1e-3),  # YAML 1.1 reads this as a string
+        ("optim.lr=1", lambda c: c.optim.lr == 1.0 and isinstance(c.optim.lr, float)),
+        ("train.steps=7", lambda c: c.train.steps == 7),
+        ("train.check_sync=true", lambda c: c.train.check_sync is True),
+        ("train.fail_at_step=null", lambda c: c.train.fail_at_step is None),
+        ("train.run_dir=123", lambda c: c.train.run_dir == "123"),
+        ("parallel.strategy=ddp", lambda c: c.parallel.strategy == "ddp"),
+        ("parallel.tp=2", lambda c: c.parallel.tp == 2),
+    ],
+)
+def test_override_sets_typed_value(override, check):
+    assert check(load(Config, None, [override]))
+
+
+@pytest.mark.parametrize(
+    "override, key, words",
+    [
+        ("train.setps=5", "train.setps", "did you mean 'train.steps'"),
+        ("trian.steps=5", "trian", "did you mean 'train'"),
+        ("train.steps=abc", "train.steps", "expected int"),
+        ("train.steps=1.5", "train.steps", "expected int"),
+        ("train.steps=true", "train.steps", "expected int"),
+        ("train.check_sync=3", "train.check_sync", "expected bool"),
+        ("optim.lr=fast", "optim.lr", "expected float"),
+        ("train.precision=fp8", "train.precision", "must be one of"),
+        ("parallel.strategy=fsd", "parallel.strategy", "did you mean 'fsdp'"),
+        ("train.steps=0", "train.steps", ">= 1"),
+        ("optim.lr=-1", "optim.lr", ">= 0"),
+        ("model=3", "model", "expected a mapping"),
+        ("train.steps.x=3", "train.steps", "expected int"),
+        ("train.steps", "train.steps", "malformed override"),
+        ("=3", "=3", "malformed override"),
+        ("train.steps=[1", "train.steps", "not valid YAML"),
+    ],
+)
+def test_bad_override_names_the_key(override, key, words):
+    with pytest.raises(ConfigError) as err:
+        load(Config, None, [override])
+    assert err.value.key == key
+    assert words in str(err.value)
+
+
+def test_yaml_file_and_overrides_compose(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optim:\n  lr: 0.2\ntrain:\n  steps: 10\n")
+    cfg = load(Config, path, ["train.steps=20"])
+    assert (cfg.optim.lr, cfg.train.steps) == (0.2, 20)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("", "file is empty"),
+        ("- a\n- b\n", "must be a mapping"),
+        ("a: [", "not valid YAML"),
+        ("model: 3\n", "expected a mapping"),
+    ],
+)
+def test_bad_files(tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=words):
+        load(Config, path)
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(Config, tmp_path / "nope.yaml")
+    assert err.value.key.endswith("nope.yaml")
+
+
+def test_overrides_build_nested_tree():
+    assert apply_overrides({}, ["a.b=1", "a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+
+
+def test_override_below_a_value_is_rejected():
+    with pytest.raises(ConfigError, match="is a value"):
+        apply_overrides({"train": {"steps": 3}}, ["train.steps.x=1"])
+
+
+def test_build_rejects_non_mapping():
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        build(Config, [1, 2])
+
+
+def test_describe_lists_every_leaf():
+    keys = [k for k, _, _ in describe(Config)]
+    assert "optim.lr" in keys and "parallel.strategy" in keys and "model" not in keys

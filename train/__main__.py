@@ -1,0 +1,45 @@
+"""``python -m train [--config FILE.yaml] [key=value ...]``: train on this rank.
+
+Runs unchanged alone, under torchrun, srun, mpirun or submitit: ``train.dist_env`` reads
+whichever launcher started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from train.config import Config, ConfigError, help_text, load
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m train",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train the MLP with one of the kit's parallel strategies.",
+        epilog="Keys (dotted overrides, e.g. optim.lr=0.05 parallel.strategy=ddp):\n"
+        + help_text(Config)
+        + "\n\nExamples:\n  python -m train train.steps=200\n"
+        "  torchrun --nproc-per-node 2 -m train parallel.strategy=ddp\n"
+        "A bad key or value exits 2 naming the key; nothing runs.",
+    )
+    parser.add_argument("--config", help="YAML file with any of the sections above")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load(Config, args.config, args.overrides)
+        from train.runner import run_rank  # torch is imported only once the config is valid
+
+        run_rank(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

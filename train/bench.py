@@ -1,0 +1,176 @@
+"""``python -m train.bench``: samples/s of the kit's strategies, interleaved in one run.
+
+Every strategy runs once per round, rounds alternate, and the median over rounds is
+reported, so machine noise hits every contender alike. Only ratios within one run are
+meaningful. ``minimal`` is the 20-line loop a user would write by hand: the kit's
+single-device loop is measured against it to show what the kit's bookkeeping costs.
+
+Single-process contenders run in this process; multi-rank ones under torchrun, timed from
+the records their ranks write (the second half of the run, after warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from train.config import Config, ConfigError, load
+from train.data import ShardedSampler, make_dataset
+from train.dist_env import DistEnv
+from train.loop import run
+from train.model import build_mlp
+from train.records import read_records, record_name
+
+IN_PROCESS = ("single", "minimal", "model_parallel")
+
+
+def minimal_loop(cfg: Config, steps: int) -> float:
+    """The hand-written baseline: same model, data and batch. Returns seconds per step."""
+    data = make_dataset(cfg.data, cfg.model)
+    model = build_mlp(cfg.model, cfg.train.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
+    sampler = ShardedSampler(len(data.x_train), cfg.train.batch_size, cfg.train.seed)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    start = 0.0
+    for step in range(steps):
+        if step == steps // 2:  # second half timed, after warm-up
+            start = time.perf_counter()
+        idx = sampler.indices(step)
+        loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    loss.item()
+    return (time.perf_counter() - start) / (steps - steps // 2)
+
+
+def bench_config(strategy: str, steps: int, run_dir: str, overrides: list[str]) -> list[str]:
+    half = steps // 2
+    return [
+        f"parallel.strategy={strategy}",
+        f"train.steps={steps}",
+        f"train.log_every={half}",
+        f"train.eval_every={steps}",
+        f"train.run_dir={run_dir}",
+        *overrides,
+    ]
+
+
+def last_records(run_dir: Path, nprocs: int) -> list[dict]:
+    out = []
+    for rank in range(nprocs):
+        steps = [r for r in read_records(run_dir / record_name(rank)) if r["event"] == "step"]
+        out.append(steps[-1])
+    return out
+
+
+def measure(strategy: str, nprocs: int, steps: int, overrides: list[str], port: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        args = bench_config(strategy, steps, tmp, overrides)
+        if strategy == "minimal":
+            step_s = minimal_loop(load(Config, None, args[1:]), steps)
+            cfg = load(Config, None, args[1:])
+            return {"step_ms": step_s * 1e3, "samples_per_s": cfg.train.batch_size / step_s}
+        if nprocs == 1 and strategy in IN_PROCESS:
+            record = run(load(Config, None, args), DistEnv(), quiet=True)
+            return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes")}
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
+        cmd += [f"--master-port={port}", "-m", "train", *args]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"{strategy} x{nprocs} failed:\n{done.stderr[-3000:]}")
+        records = last_records(Path(tmp), nprocs)
+        return {
+            "step_ms": records[0]["step_ms"],
+            "samples_per_s": records[0]["samples_per_s"],
+            "state_bytes_per_rank": [r["state_bytes"]["total"] for r in records],
+            "state_bytes": records[0]["state_bytes"],
+        }
+
+
+def benchmark(strategies: list[str], nprocs: int, rounds: int, steps: int, overrides: list[str], progress=print) -> dict:
+    samples: dict[str, list[dict]] = {s: [] for s in strategies}
+    port = 29500 + os.getpid() % 1000
+    for r in range(rounds):
+        for s in strategies:
+            result = measure(s, 1 if s == "minimal" else nprocs, steps, overrides, port)
+            samples[s].append(result)
+            progress(f"round {r + 1}/{rounds}  {s:<14} x{nprocs}  {result['samples_per_s']:>10,.0f} samples/s")
+    runs = []
+    for s, results in samples.items():
+        median = statistics.median(x["samples_per_s"] for x in results)
+        entry = {
+            "strategy": s,
+            "nprocs": 1 if s == "minimal" else nprocs,
+            "samples_per_s": median,
+            "step_ms": statistics.median(x["step_ms"] for x in results),
+            "rounds": [x["samples_per_s"] for x in results],
+        }
+        for key in ("state_bytes", "state_bytes_per_rank"):
+            if key in results[-1]:
+                entry[key] = results[-1][key]
+        runs.append(entry)
+    return {"runs": runs, "machine": machine(), "steps": steps, "overrides": overrides}
+
+
+def machine() -> dict:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
+def ratio(result: dict, a: str, b: str) -> float:
+    by = {r["strategy"]: r["samples_per_s"] for r in result["runs"]}
+    return by[a] / by[b]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--strategies", default="single,minimal", help="comma-separated (minimal: hand-written loop)")
+    parser.add_argument("--nprocs", type=int, default=1, help="ranks per multi-process strategy (torchrun)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
+    parser.add_argument("--steps", type=int, default=400, help="steps per run; the second half is timed")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides")
+    args = parser.parse_args(argv)
+    strategies = [s for s in args.strategies.split(",") if s]
+    try:
+        load(Config, None, args.overrides)
+        for s in strategies:
+            if s != "minimal":
+                load(Config, None, [f"parallel.strategy={s}"])
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
+    result = benchmark(strategies, args.nprocs, args.rounds, args.steps, args.overrides, progress=log)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    base = result["runs"][0]["samples_per_s"]
+    print(f"\n{'strategy':<14} {'nprocs':>6} {'samples/s':>12} {'ms/step':>9} {'vs first':>9}")
+    for r in result["runs"]:
+        print(
+            f"{r['strategy']:<14} {r['nprocs']:>6} {r['samples_per_s']:>12,.0f} {r['step_ms']:>9.3f} "
+            f"{r['samples_per_s'] / base:>9.3f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Configuration: nested dataclasses loaded from YAML with dotted ``key=value`` overrides.
+
+The same machinery loads the training config (``python -m train``) and the job spec
+(``python -m cluster``), so one override syntax and one set of error messages serve both.
+Every problem raises :class:`ConfigError` naming the offending key; the CLI edge turns it
+into exit status 2 before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A bad key, value, override or file. ``key`` names it (dotted key or file path)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def require_positive(obj: Any, prefix: str, *names: str, minimum: float = 1) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < minimum:
+            key = f"{prefix}.{name}" if prefix else name
+            raise ConfigError(key, f"must be >= {minimum:g}, got {value!r}")
+
+
+@dataclass
+class ModelConfig:
+    n_layers: int = 4
+    dim_in: int = 1024
+    dim_hidden: int = 256
+    n_classes: int = 32
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "n_layers", "dim_in", "dim_hidden")
+        require_positive(self, prefix, "n_classes", minimum=2)
+
+
+@dataclass
+class DataConfig:
+    train_size: int = 10000
+    test_size: int = 2000
+    # Distance of the class centres from the origin relative to the unit noise:
+    # small enough that the task takes a few hundred steps, large enough to reach >90%.
+    separation: float = 0.2
+    seed: int = 0
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "train_size", "test_size")
+        require_positive(self, prefix, "separation", minimum=0)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "lr", "momentum", "weight_decay", minimum=0)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    # Global batch per optimizer step, summed over data-parallel ranks and accumulation
+    # micro-steps: changing the rank count or grad_accum leaves the mathematics unchanged.
+    batch_size: int = 64
+    grad_accum: int = 1
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    seed: int = 0
+    log_every: int = 100
+    eval_every: int = 100
+    run_dir: str = "runs/train"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    # Process-group timeout: how long a collective waits for a dead or stuck peer.
+    timeout_s: float = 300.0
+    check_sync: bool = False
+    ckpt_every: int = 0
+    # Debugging aid: raise on rank ``fail_rank`` when step ``fail_at_step`` starts.
+    fail_at_step: int | None = None
+    fail_rank: int = 0
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "steps", "batch_size", "grad_accum", "log_every", "eval_every")
+        require_positive(self, prefix, "ckpt_every", "fail_rank", minimum=0)
+        if self.timeout_s <= 0:
+            raise ConfigError(f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s!r}")
+
+
+# The names of train.parallel.STRATEGIES (a unit test keeps the two equal): the schema
+# must know them so that the job spec can be validated without importing torch code.
+Strategy = Literal["single", "ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "tp", "model_parallel", "pipeline"]
+
+
+@dataclass
+class ParallelConfig:
+    strategy: Strategy = "single"
+    bucket_mb: float = 1.0
+    # Tensor and pipeline sizes; None derives them: tp = ranks per node for strategy tp
+    # (else 1), pp = world size for strategy pipeline.
+    tp: int | None = None
+    pp: int | None = None
+    microbatches: int = 4
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"
+    stages: int = 2
+    reshard_after_forward: bool = True
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "tp", "pp", "microbatches", "stages")
+        require_positive(self, prefix, "bucket_mb", minimum=0.001)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+TRAIN_SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _suggest(name: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it (converted where lossless)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(value, inner, key)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(
+                key,
+                f"must be one of {', '.join(map(str, choices))}; got {value!r}"
+                + _suggest(str(value), [str(c) for c in choices]),
+            )
+        return value
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, f"expected a list, got {type(value).__name__} {value!r}")
+        (inner,) = typing.get_args(tp)
+        return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"expected a mapping, got {type(value).__name__} {value!r}")
+        _, inner = typing.get_args(tp)
+        return {str(k): _coerce(v, inner, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(key, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def build(cls: type[T], data: Any, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
+    where = prefix or "config"
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(where, f"expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in fields:
+            valid = [f"{prefix}.{n}" if prefix else n for n in fields]
+            raise ConfigError(key, "unknown key" + _suggest(key, valid))
+        kwargs[name] = _coerce(value, hints[name], key)
+    obj = cls(**kwargs)
+    validate = getattr(obj, "validate", None)
+    if validate is not None:
+        validate(prefix)
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
+    key, sep, raw = text.partition("=")
+    parts = key.split(".")
+    if not sep or not all(p.isidentifier() for p in parts):
+        raise ConfigError(text, "malformed override: expected dotted.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(key, f"value {raw!r} is not valid YAML: {exc}") from None
+    return parts, value
+
+
+def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = tree
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(".".join(parts[: i + 1]), "is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(str(path), "no such file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not valid YAML: {exc}") from None
+    if data is None:
+        raise ConfigError(str(path), "file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), f"top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    tree = read_yaml(path) if path is not None else {}
+    return build(cls, apply_overrides(tree, overrides))
+
+
+def to_dict(obj: Any) -> dict:
+    return dataclasses.asdict(obj)
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted key, type, default) for every leaf of ``cls``, for ``--help``."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    default = cls()
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        value = getattr(default, f.name)
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, key + ".")
+        else:
+            rows.append((key, _type_name(tp), value))
+    return rows
+
+
+def help_text(cls: type) -> str:
+    rows = describe(cls)
+    width = max(len(k) for k, _, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v!r}  ({t})" for k, t, v in rows)

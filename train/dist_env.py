@@ -1,0 +1,209 @@
+"""The launcher's environment, read in one place.
+
+torchrun, srun, mpirun and submitit each describe "who am I" with different variables.
+:func:`from_environ` turns any of them into one :class:`DistEnv`; no other module reads
+these variables, so supporting a new launcher is a change here only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+# One rule for the rendezvous port, derived from the job id so that two jobs sharing a
+# node use different ports (they collide only if their ids differ by a multiple of 20000).
+PORT_BASE, PORT_SPAN = 20000, 20000
+PORT_RULE = f"MASTER_PORT = {PORT_BASE} + job_id % {PORT_SPAN} (unless MASTER_PORT is set)"
+
+# Raw launcher variables kept in each rank's start record, so a run can be checked
+# against the plan (which task ran where, with which GPUs).
+RECORDED_VARS = (
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURMD_NODENAME",
+    "SLURM_RESTART_COUNT",
+    "CUDA_VISIBLE_DEVICES",
+    "SUBMITIT_LOCAL_JOB_ID",
+)
+
+
+def master_port_for_job(job_id: str | int) -> int:
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    backend: str = "gloo"
+    device: str = "cpu"
+    launcher: str = "none"
+    job_id: str = ""
+    restart: int = 0
+    host: str = ""
+    launcher_vars: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def as_record(self) -> dict:
+        record = asdict(self)
+        record["launcher_vars"] = dict(self.launcher_vars)
+        return record
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a SLURM host list: ``gpu-a[01-03,07],b5`` -> gpu-a01 gpu-a02 gpu-a03 gpu-a07 b5.
+
+    Matches ``scontrol show hostnames``: zero padding is kept, duplicates are kept, and
+    several bracket groups in one name expand as a cartesian product.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(expr.strip()):
+        names = [""]
+        for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\]]*)\])?", item):
+            if not literal and not ranges:
+                continue
+            expanded = _expand_ranges(ranges) if ranges else [""]
+            names = [n + literal + e for n in names for e in expanded]
+        hosts.extend(names)
+    return hosts
+
+
+def _split_top_level(expr: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for ch in expr:
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        depth += (ch == "[") - (ch == "]")
+        if depth not in (0, 1):
+            raise ValueError(f"malformed host list {expr!r}")
+        current += ch
+    if depth:
+        raise ValueError(f"malformed host list {expr!r}")
+    items.append(current)
+    return [i for i in items if i]
+
+
+def _expand_ranges(ranges: str) -> list[str]:
+    out = []
+    for part in ranges.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"malformed host range {part!r}")
+        width = len(lo)
+        out.extend(f"{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _tasks_per_node(env: Mapping[str, str], node: int) -> int:
+    """SLURM_TASKS_PER_NODE looks like ``4(x2),3``: the count for node index ``node``."""
+    if env.get("SLURM_NTASKS_PER_NODE"):
+        return int(env["SLURM_NTASKS_PER_NODE"])
+    counts: list[int] = []
+    for part in env.get("SLURM_TASKS_PER_NODE", "1").split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if not m:
+            raise ValueError(f"malformed SLURM_TASKS_PER_NODE {part!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[min(node, len(counts) - 1)]
+
+
+def _pick_device(local_rank: int, want: str) -> tuple[str, str]:
+    """(backend, device). One visible GPU (SLURM's --gpus-per-task) is cuda:0; several
+    visible GPUs shared by the node's tasks (--gres=gpu:N) give cuda:<local_rank>."""
+    import torch
+
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return "gloo", "cpu"
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise RuntimeError("train.device=cuda but no CUDA device is visible")
+    index = 0 if count == 1 else local_rank
+    if index >= count:
+        raise RuntimeError(f"local rank {local_rank} has no GPU: only {count} visible")
+    return "nccl", f"cuda:{index}"
+
+
+def from_environ(env: Mapping[str, str] | None = None, device: str = "auto") -> DistEnv:
+    env = os.environ if env is None else env
+    get = env.get
+    job_id = get("SLURM_JOB_ID") or get("SUBMITIT_LOCAL_JOB_ID") or get("TORCHELASTIC_RUN_ID", "")
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or anything that exports its variables
+        launcher = "torchrun"
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(get("LOCAL_RANK", 0))
+        local_world = int(get("LOCAL_WORLD_SIZE", world))
+        node = int(get("GROUP_RANK", rank // local_world))
+        addr = get("MASTER_ADDR", "127.0.0.1")
+    elif "SLURM_PROCID" in env and "SLURM_STEP_ID" in env:  # a task of an srun step
+        launcher = "slurm"
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local_rank, node = int(get("SLURM_LOCALID", 0)), int(get("SLURM_NODEID", 0))
+        local_world = _tasks_per_node(env, node)
+        nodelist = get("SLURM_STEP_NODELIST") or get("SLURM_JOB_NODELIST", "127.0.0.1")
+        addr = get("MASTER_ADDR") or expand_hostlist(nodelist)[0]
+    elif "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:  # mpirun (Open MPI, MPICH, Intel MPI)
+        launcher = "mpi"
+        rank = int(get("OMPI_COMM_WORLD_RANK") or env["PMI_RANK"])
+        world = int(get("OMPI_COMM_WORLD_SIZE") or get("PMI_SIZE", 1))
+        local_rank = int(get("OMPI_COMM_WORLD_LOCAL_RANK") or get("MPI_LOCALRANKID") or 0)
+        local_world = int(get("OMPI_COMM_WORLD_LOCAL_SIZE") or get("MPI_LOCALNRANKS") or world)
+        node = int(get("OMPI_COMM_WORLD_NODE_RANK") or rank // local_world)
+        addr = get("MASTER_ADDR", "127.0.0.1")  # mpirun -x MASTER_ADDR=<first host>
+    elif "SUBMITIT_LOCAL_GLOBALID" in env:  # submitit's local executor
+        launcher = "submitit-local"
+        rank, world = int(env["SUBMITIT_LOCAL_GLOBALID"]), int(env["SUBMITIT_LOCAL_NTASKS"])
+        local_rank, node, local_world = int(env["SUBMITIT_LOCAL_LOCALID"]), 0, world
+        addr = "127.0.0.1"
+    else:
+        launcher, rank, world, local_rank, local_world, node, addr = "none", 0, 1, 0, 1, 0, "127.0.0.1"
+    port = int(get("MASTER_PORT") or (master_port_for_job(job_id) if job_id else 29500))
+    backend, dev = _pick_device(local_rank, device)
+    return DistEnv(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node,
+        master_addr=addr,
+        master_port=port,
+        backend=backend,
+        device=dev,
+        launcher=launcher,
+        job_id=str(job_id),
+        restart=int(get("SLURM_RESTART_COUNT", 0)),
+        host=socket.gethostname(),
+        launcher_vars=tuple((k, env[k]) for k in RECORDED_VARS if k in env),
+    )
+
+
+def init_process_group(env: DistEnv, timeout_s: float) -> None:
+    import torch.distributed as dist
+
+    if env.backend == "nccl":
+        import torch
+
+        torch.cuda.set_device(torch.device(env.device))
+    dist.init_process_group(
+        backend=env.backend,
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )

@@ -1,0 +1,198 @@
+"""The one training loop. Strategies only wrap the model and optimizer (see ``parallel/``)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from train.config import Config, ConfigError, to_dict
+from train.data import BatchLoader, ShardedSampler, make_dataset
+from train.dist_env import DistEnv
+from train.model import build_mlp
+from train.parallel.common import Context, Trainable, state_bytes
+from train.parallel.mesh import resolve_dims
+from train.parallel.registry import STRATEGIES
+from train.records import RecordWriter
+
+
+class DeliberateFailure(RuntimeError):
+    """Raised by ``train.fail_at_step`` so that failures can be made on purpose."""
+
+
+def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
+    precision = cfg.train.precision
+    if precision == "fp32" or not trainable.autocast:
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def check_precision(cfg: Config, device: torch.device) -> None:
+    if cfg.train.precision == "fp16" and device.type != "cuda":
+        raise ConfigError("train.precision", "fp16 (with a GradScaler) needs CUDA; use bf16 on the CPU")
+
+
+def setup(cfg: Config, env: DistEnv) -> tuple[Trainable, Context]:
+    device = torch.device(env.device)
+    check_precision(cfg, device)
+    dims = resolve_dims(cfg.parallel, cfg.model, env.world_size, env.local_world_size)
+    ctx = Context(cfg, env, device, dims, dims.build_mesh(device.type))
+    torch.manual_seed(cfg.train.seed)
+    model = build_mlp(cfg.model, cfg.train.seed)
+    return STRATEGIES[cfg.parallel.strategy](model, ctx), ctx
+
+
+def check_replicas(trainable: Trainable, step: int) -> None:
+    """train.check_sync: replicas must hold bitwise-equal parameters; name the odd one out."""
+    group = trainable.replica_group
+    if group is None:
+        return
+    params = {id(p): p for m in trainable.state_modules for p in m.parameters()}.values()
+    device = next(iter(params)).device
+    checksum = torch.zeros(2, dtype=torch.float64, device=device)
+    for p in params:
+        local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()
+        checksum[0] += local.double().sum()
+        checksum[1] += local.double().square().sum()
+    gathered = [torch.empty_like(checksum) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, checksum, group=group)
+    values = [tuple(g.tolist()) for g in gathered]
+    majority = max(set(values), key=values.count)
+    diverged = [dist.get_global_rank(group, i) for i, v in enumerate(values) if v != majority]
+    if diverged:
+        raise RuntimeError(
+            f"train.check_sync: parameters of rank(s) {diverged} diverged from their replicas at step {step}"
+        )
+
+
+class Progress:
+    """Accumulates the loss on the device; reads it (one host sync) only at log intervals."""
+
+    def __init__(self, device: torch.device, batch_size: int):
+        self.batch_size = batch_size
+        self.loss_sum = torch.zeros((), device=device)
+        self.loss_count = 0
+        self.steps = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor | None) -> None:
+        """One micro-step's loss (None on ranks that hold no loss, e.g. early pipeline stages)."""
+        if loss is not None:
+            self.loss_sum += loss
+            self.loss_count += 1
+
+    def step_done(self) -> None:
+        self.steps += 1
+
+    def flush(self, distributed: bool) -> dict:
+        local = torch.stack([self.loss_sum.float(), torch.tensor(float(self.loss_count), device=self.loss_sum.device)])
+        if distributed:  # the global mean over every rank that holds a loss
+            both = local.clone()
+            dist.all_reduce(both)
+        else:
+            both = local
+        local_sum, local_n, global_sum, global_n = (*local.tolist(), *both.tolist())
+        step_s = (time.perf_counter() - self.t0) / max(self.steps, 1)
+        out = {
+            "train_loss": global_sum / global_n if global_n else None,
+            "local_loss": local_sum / local_n if local_n else None,
+            "step_ms": step_s * 1e3,
+            "samples_per_s": self.batch_size / step_s,
+        }
+        self.loss_sum.zero_()
+        self.loss_count = self.steps = 0
+        return out
+
+    def restart_clock(self) -> None:
+        """After evaluation and logging, so that their time is not counted as step time."""
+        self.t0 = time.perf_counter()
+
+
+def run(cfg: Config, env: DistEnv, quiet: bool = False) -> dict:
+    """Train according to ``cfg`` on this rank; returns the last step record."""
+    return train(cfg, env, *setup(cfg, env), quiet=quiet)
+
+
+def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: bool = False) -> dict:
+    t = cfg.train
+    coords = ctx.dims.coords(env.rank)
+    data = make_dataset(cfg.data, cfg.model)
+    sampler = ShardedSampler(len(data.x_train), t.batch_size, t.seed, coords["dp"], ctx.dims.dp, t.grad_accum)
+    loader = BatchLoader(data.x_train, data.y_train, ctx.device, sampler.micro // ctx.dims.dp)
+    x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
+    model, optimizer = trainable.model, trainable.optimizer
+    autocast = autocast_for(cfg, ctx.device, trainable)
+    scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
+    scale = 1.0 / t.grad_accum
+    say = print if trainable.reports and not quiet else (lambda *a, **k: None)
+
+    def forward_backward(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+        with autocast():
+            loss = nn.functional.cross_entropy(model(x), y)
+        scaled = loss * scale if scale != 1.0 else loss
+        (scaler.scale(scaled) if scaler else scaled).backward()
+        return loss.detach()
+
+    fb = trainable.forward_backward or forward_backward
+    writer = RecordWriter(t.run_dir, env.rank)
+    writer.write("start", env=env.as_record(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg))
+    say(
+        f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
+        f"device {ctx.device} | {sum(p.numel() for p in build_mlp(cfg.model, 0).parameters()):,} parameters"
+    )
+    progress = Progress(ctx.device, t.batch_size)
+    record: dict = {}
+    try:
+        for step in range(1, t.steps + 1):
+            if step == t.fail_at_step and env.rank == t.fail_rank:
+                raise DeliberateFailure(f"train.fail_at_step={step} on rank {env.rank}")
+            for micro in range(t.grad_accum):
+                x, y = loader.get(sampler.indices(step - 1, micro))
+                inner = micro < t.grad_accum - 1
+                with trainable.no_sync() if inner else contextlib.nullcontext():
+                    progress.add(fb(x, y, scale))
+            trainable.finish_grads()
+            if scaler:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            if step == 1:  # gradients and optimizer state all exist now
+                memory = state_bytes(trainable)
+            optimizer.zero_grad(set_to_none=True)
+            progress.step_done()
+            last = step == t.steps
+            if step % t.log_every and step % t.eval_every and not last:
+                continue
+            record = {"step": step, **progress.flush(env.distributed), "test_loss": None, "test_acc": None}
+            if step % t.eval_every == 0 or last:
+                if t.check_sync:
+                    check_replicas(trainable, step)
+                result = trainable.evaluate(x_test, y_test)
+                if result is not None:
+                    record["test_loss"], record["test_acc"] = result
+            if last:
+                record["final"] = True
+                record["state_bytes"] = memory
+            writer.write("step", **record)
+            say(format_line(record, t.steps))
+            progress.restart_clock()
+    finally:
+        writer.close()
+    return record
+
+
+def format_line(r: dict, steps: int) -> str:
+    def num(key: str, fmt: str) -> str:
+        return "-" if r.get(key) is None else format(r[key], fmt)
+
+    return (
+        f"step {r['step']:>{len(str(steps))}}/{steps}  train_loss {num('train_loss', '.4f')}  "
+        f"test_loss {num('test_loss', '.4f')}  test_acc {num('test_acc', '.4f')}  "
+        f"{r['step_ms']:.2f} ms/step  {r['samples_per_s']:,.0f} samples/s"
+    )

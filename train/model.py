@@ -1,0 +1,43 @@
+"""The MLP of the exercises: ``n_layers`` Linear layers with ReLU between them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.config import ModelConfig
+
+
+def layer_dims(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(in, out) of each Linear: dim_in -> dim_hidden ... -> n_classes."""
+    sizes = [cfg.dim_in] + [cfg.dim_hidden] * (cfg.n_layers - 1) + [cfg.n_classes]
+    return list(zip(sizes[:-1], sizes[1:]))
+
+
+def build_mlp(cfg: ModelConfig, seed: int) -> nn.Sequential:
+    """Deterministic from ``seed``: every rank builds bitwise the same initial weights.
+
+    A flat ``nn.Sequential`` (Linear at even indices, ReLU at odd ones) so that strategies
+    can address layers by index: pipeline cuts, tensor-parallel plans, FSDP units.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    layers: list[nn.Module] = []
+    for i, (d_in, d_out) in enumerate(layer_dims(cfg)):
+        linear = nn.Linear(d_in, d_out)
+        bound = d_in**-0.5  # nn.Linear's default init, drawn from our generator
+        with torch.no_grad():
+            linear.weight.uniform_(-bound, bound, generator=generator)
+            linear.bias.uniform_(-bound, bound, generator=generator)
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(linear)
+    return nn.Sequential(*layers)
+
+
+def linear_indices(model: nn.Sequential) -> list[int]:
+    return [i for i, m in enumerate(model) if isinstance(m, nn.Linear)]
+
+
+def flops_per_sample(cfg: ModelConfig) -> int:
+    """Forward + backward matmul FLOPs per sample (2 per MAC forward, 4 backward)."""
+    return 6 * sum(d_in * d_out for d_in, d_out in layer_dims(cfg))

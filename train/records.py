@@ -1,0 +1,47 @@
+"""The per-rank JSONL record: written by every training rank, read by ``cluster logs``.
+
+One file per rank, ``rank_00003.jsonl``. The first record of each attempt has
+``event: "start"`` (who and where the rank is); then one ``event: "step"`` record per log
+interval with the fields below; the last step record of a finished run has ``final: true``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+STEP_FIELDS = ("step", "train_loss", "test_loss", "test_acc", "step_ms", "samples_per_s", "rank")
+
+
+def record_name(rank: int) -> str:
+    return f"rank_{rank:05d}.jsonl"
+
+
+class RecordWriter:
+    """Appends one JSON object per line and flushes it, so a crash loses nothing written."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.path = Path(run_dir) / record_name(rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._file = self.path.open("a", buffering=1)
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "rank": self.rank, "time": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_records(path: str | Path) -> Iterator[dict]:
+    """Every well-formed record; a line cut short by a crash is skipped."""
+    with Path(path).open() as f:
+        for line in f:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
