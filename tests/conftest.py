@@ -21,3 +21,19 @@ def run_module(
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nprocs: int, *args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node N -m <args>`` on a free port, output captured."""
+    return run_module(
+        "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={free_port()}", "-m", *args,
+        env=env, timeout=timeout,
+    )  # fmt: skip

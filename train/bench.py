@@ -29,9 +29,8 @@ from train.data import ShardedSampler, make_dataset
 from train.dist_env import DistEnv
 from train.loop import run
 from train.model import build_mlp
+from train.parallel.mesh import SINGLE_PROCESS
 from train.records import read_records, record_name
-
-IN_PROCESS = ("single", "minimal", "model_parallel")
 
 
 def minimal_loop(cfg: Config, steps: int) -> float:
@@ -81,7 +80,7 @@ def measure(strategy: str, nprocs: int, steps: int, overrides: list[str], port: 
             step_s = minimal_loop(load(Config, None, args[1:]), steps)
             cfg = load(Config, None, args[1:])
             return {"step_ms": step_s * 1e3, "samples_per_s": cfg.train.batch_size / step_s}
-        if nprocs == 1 and strategy in IN_PROCESS:
+        if nprocs == 1:
             record = run(load(Config, None, args), DistEnv(), quiet=True)
             return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes")}
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
@@ -98,20 +97,23 @@ def measure(strategy: str, nprocs: int, steps: int, overrides: list[str], port: 
         }
 
 
-def benchmark(strategies: list[str], nprocs: int, rounds: int, steps: int, overrides: list[str], progress=print) -> dict:
+def benchmark(
+    strategies: list[str], nprocs: int, rounds: int, steps: int, overrides: list[str], progress=print
+) -> dict:
     samples: dict[str, list[dict]] = {s: [] for s in strategies}
     port = 29500 + os.getpid() % 1000
+    ranks = {s: 1 if s == "minimal" or s in SINGLE_PROCESS else nprocs for s in strategies}
     for r in range(rounds):
         for s in strategies:
-            result = measure(s, 1 if s == "minimal" else nprocs, steps, overrides, port)
+            result = measure(s, ranks[s], steps, overrides, port)
             samples[s].append(result)
-            progress(f"round {r + 1}/{rounds}  {s:<14} x{nprocs}  {result['samples_per_s']:>10,.0f} samples/s")
+            progress(f"round {r + 1}/{rounds}  {s:<14} x{ranks[s]}  {result['samples_per_s']:>10,.0f} samples/s")
     runs = []
     for s, results in samples.items():
         median = statistics.median(x["samples_per_s"] for x in results)
         entry = {
             "strategy": s,
-            "nprocs": 1 if s == "minimal" else nprocs,
+            "nprocs": ranks[s],
             "samples_per_s": median,
             "step_ms": statistics.median(x["step_ms"] for x in results),
             "rounds": [x["samples_per_s"] for x in results],

@@ -28,9 +28,22 @@ class Context:
     dims: ParallelDims
     mesh: object | None  # torch DeviceMesh with named dims, None for one process
 
-    def optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    def optimizer_kwargs(self) -> dict:
         o = self.cfg.optim
-        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        return {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay}
+
+    def optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, **self.optimizer_kwargs())
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.env.rank == 0
+
+    def dp_group(self) -> dist.ProcessGroup:
+        """The data-parallel process group: ranks holding replicas of the same parameters."""
+        if self.dims.tp == 1 and self.dims.pp == 1:
+            return dist.group.WORLD
+        return self.mesh["dp"].get_group()
 
     def require_precision(self, *allowed: str) -> None:
         if self.cfg.train.precision not in allowed:
@@ -94,9 +107,19 @@ def state_bytes(trainable: Trainable) -> dict[str, int]:
     def nbytes(tensors) -> int:
         return sum(local_tensor(t).numel() * local_tensor(t).element_size() for t in tensors if t is not None)
 
-    opt_tensors = [
-        v for state in trainable.optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
-    ]
+    # ZeroRedundancyOptimizer keeps this rank's shard of the state in its local ``optim``.
+    optimizer = getattr(trainable.optimizer, "optim", trainable.optimizer)
+    opt_tensors = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     out = {"params": nbytes(params), "grads": nbytes(p.grad for p in params), "optimizer": nbytes(opt_tensors)}
     out["total"] = sum(out.values())
+    return out
+
+
+def full_parameters(trainable: Trainable) -> dict[str, torch.Tensor]:
+    """Every parameter this rank's modules hold, unsharded (a collective for DTensors)."""
+    out = {}
+    for module in trainable.state_modules:
+        for name, p in module.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[name] = full.detach().cpu().clone()
     return out

@@ -1,7 +1,15 @@
 """The strategy registry: ``parallel.strategy`` name -> the function that applies it."""
 
+from train.parallel.ddp import apply_ddp
+from train.parallel.ddp_bucketed import apply_ddp_bucketed
+from train.parallel.ddp_naive import apply_ddp_naive
 from train.parallel.single import apply_single
+from train.parallel.zero1 import apply_zero1
 
 STRATEGIES = {
     "single": apply_single,
+    "ddp": apply_ddp,
+    "ddp_naive": apply_ddp_naive,
+    "ddp_bucketed": apply_ddp_bucketed,
+    "zero1": apply_zero1,
 }

@@ -1,0 +1,73 @@
+"""Runs on every rank under torchrun for the equivalence tests.
+
+``python -m tests.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] key=value ...``:
+trains with the kit's own setup and loop, then saves this rank's full parameters to
+``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``).
+"""
+
+import copy
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from train.config import Config, load
+from train.data import ShardedSampler, make_dataset
+from train.dist_env import from_environ, init_process_group
+from train.loop import check_replicas, setup, train
+from train.parallel.common import full_parameters
+
+
+def probe_grads(cfg, env, trainable, ctx) -> dict:
+    """Synchronised gradients vs the mean of every rank's local gradients on its own shard."""
+    coords = ctx.dims.coords(env.rank)
+    data = make_dataset(cfg.data, cfg.model)
+    idx = ShardedSampler(len(data.x_train), cfg.train.batch_size, cfg.train.seed, coords["dp"], ctx.dims.dp).indices(0)
+    x, y = data.x_train[idx], data.y_train[idx]
+    reference = copy.deepcopy(trainable.state_modules[0])
+    local_loss = torch.nn.functional.cross_entropy(reference(x), y)
+    local_loss.backward()
+    local = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    mean = local.clone()
+    dist.all_reduce(mean)
+    mean /= env.world_size
+    torch.nn.functional.cross_entropy(trainable.model(x), y).backward()
+    trainable.finish_grads()
+    synced = torch.cat([p.grad.reshape(-1) for p in trainable.state_modules[0].parameters()])
+    trainable.optimizer.zero_grad(set_to_none=True)
+    return {"local": local, "mean": mean, "synced": synced, "local_loss": local_loss.item()}
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    flags = [a for a in sys.argv[2:] if a.startswith("--")]
+    cfg = load(Config, None, [a for a in sys.argv[2:] if not a.startswith("--")])
+    env = from_environ()
+    if env.distributed:
+        init_process_group(env, cfg.train.timeout_s)
+    try:
+        trainable, ctx = setup(cfg, env)
+        probe = {}
+        if "--probe-grads" in flags:
+            probe.update(probe_grads(cfg, env, trainable, ctx))
+        train(cfg, env, trainable, ctx, quiet=True)
+        if "--probe-divergence" in flags:
+            if env.rank == env.world_size - 1:
+                with torch.no_grad():
+                    next(trainable.state_modules[0].parameters()).add_(1e-3)
+            try:
+                check_replicas(trainable, step=-1)
+                probe["divergence_error"] = None
+            except RuntimeError as exc:
+                probe["divergence_error"] = str(exc)
+        params = full_parameters(trainable)
+        torch.save(params, out / f"params_{env.rank}.pt")
+        torch.save(probe, out / f"probe_{env.rank}.pt")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+import shutil
+import subprocess
+import typing
+
+import pytest
+
+from train.config import Strategy
+from train.dist_env import expand_hostlist, from_environ, master_port_for_job
+
+TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0",
+            "MASTER_PORT": "1234", "GROUP_RANK": "1"}  # fmt: skip
+SLURM = {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
+         "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu-a[07-08]", "SLURM_JOB_ID": "4242",
+         "SLURMD_NODENAME": "gpu-a08", "CUDA_VISIBLE_DEVICES": "2"}  # fmt: skip
+OMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "m"}  # fmt: skip
+PMI = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+SUBMITIT = {"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_NTASKS": "3",
+            "SUBMITIT_LOCAL_JOB_ID": "999"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, dict(launcher="none", rank=0, world_size=1, local_rank=0, node_rank=0)),
+        (TORCHRUN, dict(launcher="torchrun", rank=5, world_size=8, local_rank=1, local_world_size=4, node_rank=1,
+                        master_addr="h0", master_port=1234)),
+        (SLURM, dict(launcher="slurm", rank=6, world_size=8, local_rank=2, local_world_size=4, node_rank=1,
+                     master_addr="gpu-a07", master_port=20000 + 4242, job_id="4242")),
+        ({**SLURM, "SLURM_NTASKS_PER_NODE": "4", "MASTER_PORT": "777"}, dict(local_world_size=4, master_port=777)),
+        ({**SLURM, "SLURM_TASKS_PER_NODE": "3,5", "SLURM_NODEID": "1"}, dict(local_world_size=5)),
+        ({**SLURM, **TORCHRUN}, dict(launcher="torchrun", rank=5)),  # torchrun inside srun: torchrun's view
+        (OMPI, dict(launcher="mpi", rank=3, world_size=4, local_rank=1, local_world_size=2, node_rank=1, master_addr="m")),
+        (PMI, dict(launcher="mpi", rank=2, world_size=4, local_rank=0, node_rank=1)),
+        (SUBMITIT, dict(launcher="submitit-local", rank=1, world_size=3, local_rank=1, master_port=20999)),
+    ],
+)  # fmt: skip
+def test_from_environ(env, want):
+    got = from_environ(env)
+    assert {k: getattr(got, k) for k in want} == want
+    assert (got.backend, got.device) == ("gloo", "cpu")  # no GPU here
+
+
+def test_slurm_batch_step_is_not_a_rank():
+    """The batch script itself has SLURM_PROCID=0 but is no srun task: not a distributed rank."""
+    env = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}
+    assert from_environ(env).launcher == "none"
+
+
+def test_launcher_vars_are_recorded():
+    assert dict(from_environ(SLURM).launcher_vars)["CUDA_VISIBLE_DEVICES"] == "2"
+
+
+def test_port_rule_separates_jobs():
+    ports = {master_port_for_job(j) for j in range(1000, 1100)}
+    assert len(ports) == 100 and all(20000 <= p < 40000 for p in ports)
+    assert master_port_for_job("12345_3") == master_port_for_job("123453")
+
+
+HOSTLISTS = [
+    ("n1", ["n1"]),
+    ("n[1-3]", ["n1", "n2", "n3"]),
+    ("gpu-a[01-03,07],b5", ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a07", "b5"]),
+    ("n[001-003]", ["n001", "n002", "n003"]),
+    ("a[1-3,2-4]", ["a1", "a2", "a3", "a2", "a3", "a4"]),
+    ("r[1-2]n[1-2]", ["r1n1", "r1n2", "r2n1", "r2n2"]),
+    ("x,y[9-10],z", ["x", "y9", "y10", "z"]),
+]
+
+
+@pytest.mark.parametrize("expr, hosts", HOSTLISTS)
+def test_expand_hostlist(expr, hosts):
+    assert expand_hostlist(expr) == hosts
+
+
+@pytest.mark.parametrize("expr", ["n[1-2", "n[a-b]", "n]1["])
+def test_malformed_hostlist(expr):
+    with pytest.raises(ValueError):
+        expand_hostlist(expr)
+
+
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol not installed")
+@pytest.mark.parametrize("expr", [e for e, _ in HOSTLISTS if "]n[" not in e])
+def test_hostlist_matches_scontrol(expr):
+    """scontrol is the ground truth (it needs no running controller for this)."""
+    out = subprocess.run(["scontrol", "show", "hostnames", expr], capture_output=True, text=True, check=True)
+    assert expand_hostlist(expr) == out.stdout.split()
+
+
+def test_registry_matches_config_schema():
+    from train.parallel.registry import STRATEGIES
+
+    assert set(STRATEGIES) == set(typing.get_args(Strategy))

@@ -1,0 +1,39 @@
+"""Hand-written DDP, the textbook way: one all_reduce per parameter after backward."""
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from train.parallel.common import Context, Trainable, forward_eval
+
+
+def broadcast_parameters(model: nn.Module, group=None) -> None:
+    """Every rank starts from rank 0's weights (whatever each rank initialised)."""
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p, src=src, group=group)
+
+
+def apply_ddp_naive(model: nn.Module, ctx: Context) -> Trainable:
+    model = model.to(ctx.device)
+    group = ctx.dp_group()
+    broadcast_parameters(model, group)
+    world = ctx.dims.dp
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def finish_grads() -> None:
+        # Runs after the last micro-step only: inner micro-steps accumulate locally.
+        for p in params:
+            dist.all_reduce(p.grad, group=group)
+            p.grad.div_(world)
+
+    return Trainable(
+        model=model,
+        optimizer=ctx.optimizer(params),
+        evaluate=forward_eval(model) if ctx.is_first_rank else Trainable.evaluate,
+        replica_group=group,
+        finish_grads=finish_grads,
+        reports=ctx.is_first_rank,
+        state_modules=[model],
+    )

@@ -1,0 +1,16 @@
+"""ZeRO stage 1: optimizer state sharded across ranks (ZeroRedundancyOptimizer over DDP)."""
+
+import torch
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from train.parallel.common import Context, Trainable
+from train.parallel.ddp import apply_ddp
+
+
+def apply_zero1(model: nn.Module, ctx: Context) -> Trainable:
+    trainable = apply_ddp(model, ctx)
+    trainable.optimizer = ZeroRedundancyOptimizer(
+        trainable.model.parameters(), optimizer_class=torch.optim.SGD, **ctx.optimizer_kwargs()
+    )
+    return trainable
