@@ -15,8 +15,23 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
-run: $(VENV)/.installed  ## the embedded default: a multi-rank job on this machine
-	$(PY) -m train
+run: $(VENV)/.installed  ## the embedded default: jobs/local.yaml, 4 ranks here via submitit's local executor
+	$(PY) -m cluster submit jobs/local.yaml --wait
+
+submit: $(VENV)/.installed  ## make submit JOB=jobs/multi_node.yaml [ARGS="nodes=4 train.steps=200"]
+	$(PY) -m cluster submit $(JOB) $(ARGS)
+
+plan: $(VENV)/.installed
+	$(PY) -m cluster plan $(JOB) $(ARGS)
+
+logs: $(VENV)/.installed  ## make logs JOB=<job id or runs/NAME/ID>
+	$(PY) -m cluster logs $(JOB) $(ARGS)
+
+minicluster:  ## a real SLURM cluster on this machine: 2 nodes x 4 fake GPUs (root; installs slurm-wlm)
+	$(PYTHON) -m cluster.minicluster start
+
+minicluster-stop:
+	$(PYTHON) -m cluster.minicluster stop
 
 test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, SLURM and image tiers
 	$(PY) -m pytest

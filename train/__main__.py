@@ -24,6 +24,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "A bad key or value exits 2 naming the key; nothing runs.",
     )
     parser.add_argument("--config", help="YAML file with any of the sections above")
+    parser.add_argument("--timestamps", action="store_true", help="prefix every output line with the time")
+    parser.add_argument(
+        "--rank-log",
+        action="store_true",
+        help="write this rank's stdout+stderr, timestamped, to <train.run_dir>/rank_NNNNN.log",
+    )
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     return parser.parse_args(argv)
 
@@ -32,12 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load(Config, args.config, args.overrides)
-        from train.runner import run_rank  # torch is imported only once the config is valid
+        from train.runner import RankFailed, run_rank  # torch is imported only once the config is valid
 
-        run_rank(cfg)
+        run_rank(cfg, rank_log=args.rank_log, timestamps=args.timestamps or args.rank_log)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RankFailed:
+        return 1
     return 0
 
 

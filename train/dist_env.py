@@ -193,6 +193,19 @@ def from_environ(env: Mapping[str, str] | None = None, device: str = "auto") -> 
     )
 
 
+def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int | None:
+    """Threads per rank when the user set none: the node's cores split among its ranks.
+
+    Several ranks with a thread per core each oversubscribe the CPU and slow gloo's
+    busy-polling collectives by an order of magnitude (torchrun sets OMP_NUM_THREADS=1
+    for the same reason; submitit and srun set nothing).
+    """
+    environ = os.environ if environ is None else environ
+    if "OMP_NUM_THREADS" in environ or env.local_world_size <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // env.local_world_size)
+
+
 def init_process_group(env: DistEnv, timeout_s: float) -> None:
     import torch.distributed as dist
 

@@ -20,6 +20,11 @@ def record_name(rank: int) -> str:
     return f"rank_{rank:05d}.jsonl"
 
 
+def log_name(rank: int, attempt: int = 0) -> str:
+    """A rank's stdout+stderr file; each requeued attempt gets its own."""
+    return f"rank_{rank:05d}.log" if attempt == 0 else f"rank_{rank:05d}.attempt{attempt}.log"
+
+
 class RecordWriter:
     """Appends one JSON object per line and flushes it, so a crash loses nothing written."""
 

@@ -5,23 +5,48 @@ from __future__ import annotations
 import faulthandler
 import signal
 import sys
+import traceback
+from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
-from train.config import Config
-from train.dist_env import from_environ, init_process_group
+from train.config import Config, ConfigError
+from train.dist_env import cpu_threads, from_environ, init_process_group
 from train.loop import run
+from train.output import redirect_to, timestamp_lines
+from train.records import log_name
 
 
-def run_rank(cfg: Config) -> dict:
-    # A rank killed by its launcher after a peer died (or stuck in a hang) writes where it was.
-    faulthandler.enable(file=sys.stderr)
-    faulthandler.register(signal.SIGTERM, file=sys.stderr, chain=True)
+class RankFailed(Exception):
+    """This rank's training raised; its traceback is already printed."""
+
+
+def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> dict:
     env = from_environ(device=cfg.train.device)
+    if rank_log:
+        redirect_to(Path(cfg.train.run_dir) / log_name(env.rank, env.restart))
+    if timestamps:
+        timestamp_lines()
+    # A rank killed by its launcher after a peer died (or stuck in a hang) writes where it was.
+    faulthandler.enable(file=sys.__stderr__)
+    faulthandler.register(signal.SIGTERM, file=sys.__stderr__, chain=True)
+    threads = cpu_threads(env)
+    if threads:
+        torch.set_num_threads(threads)
     if env.distributed:
         init_process_group(env, cfg.train.timeout_s)
     try:
         return run(cfg, env)
+    except ConfigError:
+        raise  # a bad layout for this world size: exit 2 at the CLI edge, like any bad key
+    except BaseException:
+        # Print now, before tearing the group down: peers see "connection closed" once this
+        # process leaves, and the timestamps must show this rank's error first.
+        print(f"rank {env.rank} failed on {env.host}:", file=sys.stderr)
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise RankFailed from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,217 @@
+"""``python -m cluster {plan,render,submit,status,cancel,logs} ...``: the driver's command line.
+
+The one place that turns a bad spec into exit status 2 with a message naming the key;
+nothing is submitted before the spec and its plan are valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from cluster.spec import JobSpec
+from train.config import ConfigError, help_text, load
+
+EXAMPLES = """examples:
+  python -m cluster plan jobs/multi_node.yaml nodes=4 --json
+  python -m cluster render jobs/multi_node.yaml -o job.sbatch
+  python -m cluster submit jobs/multi_node.yaml nodes=4 train.steps=200 parallel.strategy=fsdp
+  python -m cluster submit jobs/local.yaml --wait
+  python -m cluster logs runs/local/12345 --json
+"""
+
+
+def load_spec(path: str, overrides: list[str]):
+    from cluster.plan import make_plan
+
+    spec = load(JobSpec, path, overrides)
+    return spec, make_plan(spec)
+
+
+def node_python(spec: JobSpec) -> str:
+    if spec.python:
+        return spec.python
+    return "python" if spec.container.runtime != "none" else sys.executable
+
+
+def find_job_dir(job: str, log_dir: str) -> Path:
+    path = Path(job)
+    if path.is_dir():
+        return path
+    matches = sorted(Path(log_dir).glob(f"*/{job}"))
+    if not matches:
+        raise ConfigError(job, f"no job directory {job!r} (looked for {log_dir}/*/{job}; pass a path or --log-dir)")
+    return matches[-1]
+
+
+def cmd_plan(args) -> int:
+    from cluster.plan import format_plan
+
+    spec, plan = load_spec(args.job, args.overrides)
+    print(json.dumps(plan.to_json(), indent=1) if args.json else format_plan(plan))
+    return 0
+
+
+def cmd_render(args) -> int:
+    from cluster.render import render
+
+    spec, plan = load_spec(args.job, args.overrides)
+    text = render(spec, plan, node_python(spec), source=args.job)
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from cluster.plan import format_plan
+    from cluster.render import render
+
+    spec, plan = load_spec(args.job, args.overrides)
+    python = node_python(spec)
+    if args.dry_run:
+        if args.json:
+            print(json.dumps({"plan": plan.to_json(), "script": render(spec, plan, python, args.job)}, indent=1))
+        else:
+            print(format_plan(plan))
+            print("\n# --- the script submit would run (nothing was submitted) ---")
+            print(render(spec, plan, python, source=args.job))
+        return 0
+    from cluster.submit import submit
+
+    done = submit(spec, plan, python, source=args.job)
+    if args.json:
+        print(json.dumps({"job_id": done.job_id, "log_dir": str(done.log_dir)}))
+    else:
+        print(f"submitted job {done.job_id}: {plan.world_size} rank(s) on {spec.cluster}")
+        print(f"logs: {done.log_dir}")
+        print(f"inspect: python -m cluster logs {done.log_dir}")
+    if not args.wait:
+        return 0
+    from cluster.logs import follow, format_report, inspect
+
+    if args.json:
+        while not done.job.done():
+            time.sleep(1)
+    else:
+        print("waiting for the job to end; rank 0's output:", flush=True)
+        follow(done.log_dir, [0], stop=done.job.done, out=lambda line: print(line, flush=True))
+    report = inspect(done.log_dir, running=False)
+    if not args.json:
+        print(format_report(report))
+    return 1 if report.failed or report.completed < report.world_size else 0
+
+
+def cmd_status(args) -> int:
+    from cluster import submit
+
+    job_dir = find_job_dir(args.job, args.log_dir)
+    plan = json.loads((job_dir / "plan.json").read_text())
+    state = submit.local_state(job_dir.name) if plan["cluster"] == "local" else submit.slurm_state(job_dir.name)
+    print(json.dumps({"job_id": job_dir.name, "state": state, "log_dir": str(job_dir)}) if args.json else state)
+    return 0
+
+
+def cmd_cancel(args) -> int:
+    from cluster import submit
+
+    job_dir = find_job_dir(args.job, args.log_dir)
+    plan = json.loads((job_dir / "plan.json").read_text())
+    submit.cancel(plan["cluster"], job_dir.name)
+    print(f"cancelled {job_dir.name}")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from cluster import logs
+
+    job_dir = find_job_dir(args.job, args.log_dir)
+    if args.follow:
+        plan = json.loads((job_dir / "plan.json").read_text()) if (job_dir / "plan.json").exists() else None
+        world = logs.discover_ranks(job_dir, plan)
+        try:
+            logs.follow(job_dir, list(range(world)), stop=lambda: logs.job_is_running(job_dir, plan) is not True)
+        except KeyboardInterrupt:
+            return 0
+    report = logs.inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin)
+    if args.rank is not None:
+        files = logs.rank_logs(job_dir, args.rank)
+        if not files:
+            raise ConfigError("--rank", f"no log for rank {args.rank} in {job_dir}")
+        for path in files:
+            print(f"==> {path} <==")
+            sys.stdout.write("".join(logs.tail(path, args.tail)))
+    elif args.json:
+        print(json.dumps(report.to_json(), indent=1))
+    else:
+        print(logs.format_report(report))
+    if args.plot:
+        logs.plot_step_times(report, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan, render, submit and inspect training jobs described by a YAML job spec.",
+        epilog=EXAMPLES + "\njob spec keys (dotted overrides):\n" + help_text(JobSpec),
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_spec(name: str, help: str):
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("job", help="job spec YAML (see jobs/)")
+        p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. nodes=4 parallel.strategy=fsdp")
+        return p
+
+    p = with_spec("plan", "validate the spec and print which rank runs on which node and GPU")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+    p = with_spec("render", "print a standalone sbatch script equivalent to submit")
+    p.add_argument("-o", "--output", help="write the script to this file")
+    p.set_defaults(func=cmd_render)
+    p = with_spec("submit", "submit through submitit (SLURM, or the local executor for cluster: local)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
+    p.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
+    p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 if any rank failed")
+    p.set_defaults(func=cmd_submit)
+    for name, func, help in [
+        ("status", cmd_status, "the scheduler's state of a job"),
+        ("cancel", cmd_cancel, "cancel a job"),
+        ("logs", cmd_logs, "per-rank table, first failing rank and its cascade, stragglers"),
+    ]:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("job", help="job id or job directory")
+        p.add_argument("--log-dir", default="runs", help="where to look for a job id (default: runs)")
+        if name == "status":
+            p.add_argument("--json", action="store_true")
+        if name == "logs":
+            p.add_argument("--json", action="store_true", help="one object: ranks, first_failure, cascade, ...")
+            p.add_argument("--rank", type=int, help="print this rank's log (all attempts)")
+            p.add_argument("--tail", type=int, default=40, help="lines of --rank to print")
+            p.add_argument("--follow", action="store_true", help="merged, rank-prefixed live stream of all ranks")
+            p.add_argument("--plot", help="write step time per rank over steps to this PNG")
+            p.add_argument("--silent-after", type=float, default=300.0, help="seconds without output = silent")
+            p.add_argument("--straggler-margin", type=float, default=0.2, help="fraction above the median")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""Per-rank log inspection: the state of every rank, the first failure and its cascade, stragglers.
+
+The first failing rank is found by the *time* of its first error, not by its rank number:
+when one rank dies its peers fail seconds later with connection or timeout errors (the
+cascade), and a scheduler's report usually names one of those. Each log line carries a
+timestamp (``train.output``), so the order is visible. A rank that died without a traceback
+(SIGKILL, the OOM killer) is dated by its last line, which is earlier than its peers' errors.
+
+Files are scanned with ``mmap`` and byte searches rather than line by line, so a 1024-rank
+job with 5,000 lines per rank is triaged in about the time ``grep -l`` takes to read it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cluster import paths
+from train.output import STAMP_FORMAT, STAMP_LENGTH
+from train.records import read_records
+
+TRACEBACK = b"Traceback (most recent call last):"
+FAULT_DUMP = re.compile(rb"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):")
+SIGNAL_WORDS = (b"Fatal Python error: ", b"Killed", b"Terminated", b"SIGKILL", b"SIGTERM")
+# Errors that follow from another rank's failure: lost connections, collective timeouts,
+# watchdog aborts, termination by the launcher after a peer died.
+CASCADE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|ECONNREFUSED|"
+    r"Connection refused|timed out|[Tt]imeout|Watchdog caught|NCCL communicator was aborted|"
+    r"ProcessGroupNCCL.*abort|terminated by signal|SIGTERM|Terminated|forcing job termination|"
+    r"DistNetworkError|DistBackendError|Socket Timeout|ProcessGroupGloo.*(?:closed|reset)"
+)
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")
+
+
+@dataclass
+class RankReport:
+    rank: int
+    node: int | None = None
+    host: str = ""
+    gpu: object = None
+    state: str = "unknown"  # running, completed, failed, killed, silent
+    last_step: int | None = None
+    last_loss: float | None = None
+    median_step_ms: float | None = None
+    last_time: float | None = None
+    attempts: int = 1
+    error: str | None = None
+    error_time: float | None = None
+    frames: list[str] = field(default_factory=list)
+    cascade: bool = False
+    straggler: bool = False
+    log: str = ""
+    step_times: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    job_dir: str
+    world_size: int
+    ranks: list[RankReport]
+    first_failure: dict | None
+    cascade: dict[str, list[int]]
+    stragglers: list[int]
+    running: bool
+
+    @property
+    def completed(self) -> int:
+        return sum(r.state == "completed" for r in self.ranks)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.state in ("failed", "killed") for r in self.ranks)
+
+    def to_json(self) -> dict:
+        ranks = []
+        for r in self.ranks:
+            d = asdict(r)
+            d.pop("step_times")
+            ranks.append(d)
+        return {
+            "job_dir": self.job_dir,
+            "world_size": self.world_size,
+            "completed": self.completed,
+            "running": self.running,
+            "ranks": ranks,
+            "first_failure": self.first_failure,
+            "cascade": self.cascade,
+            "stragglers": self.stragglers,
+        }
+
+
+def parse_stamp(line: bytes) -> float | None:
+    try:
+        head = line[: STAMP_LENGTH - 1].decode()
+        return time.mktime(time.strptime(head[:19], STAMP_FORMAT)) + int(head[20:23]) / 1000
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def strip_stamp(line: str) -> str:
+    return line[STAMP_LENGTH:] if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ", line) else line
+
+
+def line_at(buf, pos: int) -> bytes:
+    start = buf.rfind(b"\n", 0, pos) + 1
+    end = buf.find(b"\n", pos)
+    return bytes(buf[start : end if end != -1 else len(buf)])
+
+
+def last_line(buf) -> bytes:
+    end = len(buf)
+    while end and buf[end - 1 : end] == b"\n":
+        end -= 1
+    return bytes(buf[buf.rfind(b"\n", 0, end) + 1 : end])
+
+
+def parse_traceback(text: str) -> tuple[str, list[str]]:
+    """(exception line, frames in the project's or user's code) of the last traceback in ``text``."""
+    lines = [strip_stamp(s) for s in text.splitlines()]
+    frames, error = [], ""
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith('File "'):
+            if not LIBRARY_PATH.search(stripped):
+                code = lines[i + 1].strip() if i + 1 < len(lines) else ""
+                frames.append(f"{stripped}\n    {code}" if code and not code.startswith("File ") else stripped)
+        elif line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
+            if ":" in line or "Error" in line or "Exception" in line:
+                error = line.strip()
+                break
+    return error, frames
+
+
+def scan_log(path: Path) -> dict:
+    """First error (time, exception, frames), signal evidence and first/last line times."""
+    out = {"first_time": None, "last_time": None, "error": None, "error_time": None, "frames": [], "signal": None}
+    if not path.exists() or path.stat().st_size == 0:
+        return out
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        out["first_time"] = parse_stamp(bytes(buf[:STAMP_LENGTH]))
+        out["last_time"] = parse_stamp(last_line(buf))
+        pos = buf.find(TRACEBACK)
+        if pos != -1:
+            out["error_time"] = parse_stamp(line_at(buf, pos))
+            block_end = buf.find(b"\n\n", pos)
+            tail = bytes(buf[pos : block_end if block_end != -1 else min(len(buf), pos + 20000)])
+            out["error"], out["frames"] = parse_traceback(tail.decode(errors="replace"))
+        dump = FAULT_DUMP.search(buf)
+        if dump:
+            block = bytes(buf[dump.start() : dump.start() + 4000]).decode(errors="replace")
+            out["dump_frames"] = [s.strip() for s in block.splitlines()[1:] if s.strip().startswith("File ")]
+        for word in SIGNAL_WORDS:
+            at = buf.rfind(word)
+            if at != -1:
+                out["signal"] = strip_stamp(line_at(buf, at).decode(errors="replace")).strip()
+                break
+    return out
+
+
+def rank_logs(job_dir: Path, rank: int) -> list[Path]:
+    """Attempt 0, 1, ... of a rank's log, those that exist."""
+    found = [paths.rank_log(job_dir, rank, 0)]
+    attempt = 1
+    while paths.rank_log(job_dir, rank, attempt).exists():
+        found.append(paths.rank_log(job_dir, rank, attempt))
+        attempt += 1
+    return [p for p in found if p.exists()]
+
+
+def discover_ranks(job_dir: Path, plan: dict | None) -> int:
+    if plan:
+        return plan["world_size"]
+    numbers = [int(m.group(1)) for p in job_dir.iterdir() if (m := re.match(r"rank_(\d{5})\.", p.name))]
+    return max(numbers) + 1 if numbers else 0
+
+
+def job_is_running(job_dir: Path, plan: dict | None) -> bool | None:
+    """Ask the scheduler (None: unknown)."""
+    if not plan or "cluster" not in plan:
+        return None
+    from cluster import submit
+
+    job_id = job_dir.name
+    if plan["cluster"] == "local":
+        return submit.local_state(job_id) == "RUNNING"
+    try:
+        state = submit.slurm_state(job_id)
+    except FileNotFoundError:
+        return None
+    return state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED")
+
+
+def inspect(
+    job_dir: str | Path,
+    running: bool | None = None,
+    silent_after_s: float = 300.0,
+    straggler_margin: float = 0.2,
+    now: float | None = None,
+) -> Report:
+    job_dir = Path(job_dir)
+    plan_path = job_dir / paths.PLAN
+    plan = json.loads(plan_path.read_text()) if plan_path.exists() else None
+    if running is None:
+        running = job_is_running(job_dir, plan)
+    now = time.time() if now is None else now
+    world = discover_ranks(job_dir, plan)
+    slots = {r["rank"]: r for r in plan["ranks"]} if plan else {}
+    reports = []
+    for rank in range(world):
+        rep = RankReport(rank=rank)
+        slot = slots.get(rank, {})
+        rep.node, rep.gpu, rep.host = slot.get("node"), slot.get("gpu"), slot.get("host", "")
+        final = False
+        records_path = paths.rank_records(job_dir, rank)
+        if records_path.exists():
+            for rec in read_records(records_path):
+                if rec.get("event") == "start":
+                    env = rec.get("env", {})
+                    rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
+                    final = False
+                elif rec.get("event") == "step":
+                    rep.last_step, final = rec["step"], bool(rec.get("final"))
+                    rep.last_loss = rec.get("local_loss", rec.get("train_loss"))
+                    rep.step_times.append((rec["step"], rec["step_ms"]))
+                rep.last_time = max(rep.last_time or 0, rec.get("time", 0)) or None
+        logs = rank_logs(job_dir, rank)
+        rep.attempts = max(1, len(logs))
+        scan = scan_log(logs[-1]) if logs else scan_log(Path("/nonexistent"))
+        rep.log = str(logs[-1]) if logs else ""
+        if scan["last_time"]:
+            rep.last_time = max(rep.last_time or 0, scan["last_time"])
+        if rep.step_times:
+            rep.median_step_ms = statistics.median(ms for _, ms in rep.step_times)
+        rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
+        if final:
+            rep.state = "completed"
+        elif rep.error:
+            rep.state = "failed"
+        elif running and rep.last_time and now - rep.last_time > silent_after_s:
+            rep.state = "silent"
+            rep.frames = scan.get("dump_frames", [])
+        elif running:
+            rep.state = "running"
+        else:
+            rep.state = "killed"
+            rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
+            rep.error_time = rep.last_time
+            rep.frames = scan.get("dump_frames", [])
+        reports.append(rep)
+    first, cascade = triage(reports)
+    stragglers = find_stragglers(reports, straggler_margin)
+    return Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running))
+
+
+def triage(reports: list[RankReport]) -> tuple[dict | None, dict[str, list[int]]]:
+    """The first failure by time; the other ranks' errors grouped as its cascade."""
+    candidates = [r for r in reports if r.state in ("failed", "killed", "silent")]
+    if not candidates:
+        return None, {}
+
+    def key(r: RankReport):
+        # Root causes before cascade errors; then by time; a silent rank by its lowest step.
+        is_cascade = bool(r.error and CASCADE.search(r.error)) and r.state == "failed"
+        return (is_cascade, r.error_time or r.last_time or float("inf"), r.last_step or 0, r.rank)
+
+    candidates.sort(key=key)
+    first = candidates[0]
+    cascade: dict[str, list[int]] = {}
+    for r in candidates[1:]:
+        r.cascade = True
+        label = summarize_error(r)
+        cascade.setdefault(label, []).append(r.rank)
+    failure = {
+        "rank": first.rank,
+        "node": first.node,
+        "host": first.host,
+        "gpu": first.gpu,
+        "state": first.state,
+        "error": first.error or f"silent since {fmt_time(first.last_time)} (hung?)",
+        "time": first.error_time or first.last_time,
+        "frames": first.frames,
+        "last_step": first.last_step,
+        "log": first.log,
+    }
+    return failure, cascade
+
+
+def summarize_error(r: RankReport) -> str:
+    if r.state == "silent":
+        return "silent (waiting for the failed rank?)"
+    text = r.error or r.state
+    m = CASCADE.search(text)
+    return m.group(0) if m else text[:120]
+
+
+def find_stragglers(reports: list[RankReport], margin: float) -> list[int]:
+    medians = [r.median_step_ms for r in reports if r.median_step_ms]
+    if len(medians) < 2:
+        return []
+    overall = statistics.median(medians)
+    out = []
+    for r in reports:
+        if r.median_step_ms and r.median_step_ms > overall * (1 + margin):
+            r.straggler = True
+            out.append(r.rank)
+    return out
+
+
+def fmt_time(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}" if t else "-"
+
+
+def format_report(report: Report, limit: int = 64) -> str:
+    head = f"{'rank':>5} {'node':>5} {'host':<14} {'gpu':>4} {'state':<10} {'step':>7} {'loss':>9} {'ms/step':>8} {'last line':>13}"
+    lines = [head]
+    shown = report.ranks
+    interesting = {r.rank for r in report.ranks if r.state != "completed" or r.straggler}
+    if len(shown) > limit:  # keep what matters: failures, stragglers, and the edges
+        shown = [r for r in report.ranks if r.rank in interesting or r.rank < 4 or r.rank >= report.world_size - 4][
+            :limit
+        ]
+    for r in shown:
+        loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
+        ms = "-" if r.median_step_ms is None else f"{r.median_step_ms:.2f}"
+        flag = " straggler" if r.straggler else ""
+        attempts = f" ({r.attempts} attempts)" if r.attempts > 1 else ""
+        gpu = "-" if r.gpu is None else str(r.gpu)
+        node = "-" if r.node is None else str(r.node)
+        lines.append(
+            f"{r.rank:>5} {node:>5} {r.host[:14]:<14} {gpu:>4} {r.state:<10} {r.last_step or '-':>7} {loss:>9} "
+            f"{ms:>8} {fmt_time(r.last_time):>13}{flag}{attempts}"
+        )
+    if len(shown) < len(report.ranks):
+        lines.append(f"  ... {len(report.ranks) - len(shown)} more completed ranks (--json lists all)")
+    lines.append("")
+    lines.append(
+        f"world size {report.world_size}: {report.completed} completed" + (", job running" if report.running else "")
+    )
+    f = report.first_failure
+    if f:
+        lines.append("")
+        lines.append(
+            f"FIRST FAILURE: rank {f['rank']} on node {f['node']} ({f['host'] or '?'}), GPU {f['gpu']}, "
+            f"at {fmt_time(f['time'])}, step {f['last_step'] or '-'}"
+        )
+        lines.append(f"  {f['error']}")
+        for frame in f["frames"][-6:]:
+            lines.append("  " + frame.replace("\n", "\n  "))
+        lines.append(f"  log: {f['log']}")
+        if report.cascade:
+            lines.append(f"cascade ({sum(len(v) for v in report.cascade.values())} ranks, consequences of the above):")
+            for label, ranks in report.cascade.items():
+                lines.append(f"  {len(ranks):>4} x {label}: ranks {compress(ranks)}")
+    if report.stragglers:
+        lines.append(
+            f"stragglers (median step time > median of all ranks + margin): ranks {compress(report.stragglers)}"
+        )
+    return "\n".join(lines)
+
+
+def compress(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+def plot_step_times(report: Report, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in report.ranks:
+        if r.step_times:
+            steps, ms = zip(*r.step_times)
+            ax.plot(
+                steps, ms, label=f"rank {r.rank}" + (" (straggler)" if r.straggler else ""), lw=2 if r.straggler else 1
+            )
+    ax.set_xlabel("step")
+    ax.set_ylabel("step time (ms, mean over log interval)")
+    ax.set_title(f"step time per rank: {report.job_dir}")
+    if len(report.ranks) <= 16:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def tail(path: Path, k: int) -> list[str]:
+    with path.open(errors="replace") as f:
+        return f.readlines()[-k:]
+
+
+def follow(job_dir: Path, ranks: list[int], stop, poll_s: float = 0.5, out=print) -> None:
+    """Merged, rank-prefixed live stream of these ranks' logs, until ``stop()`` is true."""
+    offsets: dict[Path, int] = {}
+    width = len(str(max(ranks, default=0)))
+    while True:
+        finished = stop()  # checked before the last read, so nothing written before the end is lost
+        for rank in ranks:
+            for path in rank_logs(job_dir, rank)[-1:]:
+                with path.open("rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = f.read()
+                    complete = data[: data.rfind(b"\n") + 1]
+                    offsets[path] = offsets.get(path, 0) + len(complete)
+                for line in complete.decode(errors="replace").splitlines():
+                    out(f"[{rank:>{width}}] {line}")
+        if finished:
+            return
+        time.sleep(poll_s)

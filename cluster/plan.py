@@ -1,0 +1,117 @@
+"""The rank plan: which rank runs on which node and GPU. A pure function of the spec.
+
+This is the one place that answers "which GPU does rank 13 get?": ranks fill nodes in
+order (rank = node * tasks_per_node + local_rank, as srun's block distribution does), and
+with ``gpu_binding: per_task`` local rank ``l`` owns the node's GPUs ``l*k .. l*k+k-1``
+(``k`` = GPUs per task), which SLURM exposes to it as its CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from cluster.spec import JobSpec
+from train.config import ConfigError
+from train.dist_env import PORT_RULE
+from train.parallel.mesh import ParallelDims, resolve_dims
+
+
+@dataclass(frozen=True)
+class RankSlot:
+    rank: int
+    node: int
+    host: str
+    local_rank: int
+    gpus: tuple[int, ...]  # physical GPU indices on the node
+    visible_devices: str  # CUDA_VISIBLE_DEVICES the task sees ("" without GPUs)
+    device: str  # the torch device the rank uses
+    coords: dict[str, int] | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    nodes: int
+    tasks_per_node: int
+    gpus_per_task: int
+    dims: ParallelDims
+    ranks: tuple[RankSlot, ...]
+    master_addr: str = "first host of the allocation (SLURM_JOB_NODELIST)"
+    master_port: str = PORT_RULE
+
+    def to_json(self) -> dict:
+        return {
+            "world_size": self.world_size,
+            "nodes": self.nodes,
+            "tasks_per_node": self.tasks_per_node,
+            "gpus_per_task": self.gpus_per_task,
+            "dims": asdict(self.dims),
+            "master_addr": self.master_addr,
+            "master_port": self.master_port,
+            "ranks": [
+                {**asdict(r), "gpu": r.gpus[0] if len(r.gpus) == 1 else list(r.gpus) or None} for r in self.ranks
+            ],
+        }
+
+
+def gpus_per_task(spec: JobSpec) -> int:
+    tasks, gpus = spec.ranks_per_node, spec.gpus_per_node
+    if gpus == 0:
+        return 0
+    if tasks > gpus:
+        raise ConfigError(
+            "tasks_per_node", f"{tasks} tasks per node but only gpus_per_node={gpus}: more tasks than GPUs"
+        )
+    if gpus % tasks:
+        raise ConfigError("tasks_per_node", f"{tasks} tasks do not divide gpus_per_node={gpus}")
+    return gpus // tasks
+
+
+def make_plan(spec: JobSpec) -> Plan:
+    per_task = gpus_per_task(spec)
+    world, tasks = spec.world_size, spec.ranks_per_node
+    dims = resolve_dims(spec.parallel, spec.model, world, tasks)
+    t = spec.train
+    if t.batch_size % (dims.dp * t.grad_accum):
+        raise ConfigError(
+            "train.batch_size",
+            f"{t.batch_size} must be divisible by data-parallel ranks x grad_accum = {dims.dp} x {t.grad_accum}",
+        )
+    host_prefix = "localhost" if spec.cluster == "local" else "node"
+    ranks = []
+    for node in range(spec.nodes):
+        host = host_prefix if spec.cluster == "local" else f"<{host_prefix}{node}>"
+        for local in range(tasks):
+            rank = node * tasks + local
+            gpus = tuple(range(local * per_task, (local + 1) * per_task))
+            if spec.gpu_binding == "per_task":
+                visible = ",".join(map(str, gpus))
+                device = "cuda:0" if gpus else "cpu"
+            else:
+                visible = ",".join(map(str, range(spec.gpus_per_node)))
+                device = f"cuda:{local}" if gpus else "cpu"
+            coords = dims.coords(rank) if world > 1 else None
+            ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
+    local = {"master_addr": "127.0.0.1 (this machine)"} if spec.cluster == "local" else {}
+    return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), **local)
+
+
+def format_plan(plan: Plan, limit: int = 64) -> str:
+    lines = [
+        f"world size {plan.world_size} = {plan.nodes} node(s) x {plan.tasks_per_node} task(s); "
+        f"{plan.gpus_per_task} GPU(s) per task; dims {asdict(plan.dims)}",
+        f"MASTER_ADDR: {plan.master_addr}",
+        f"MASTER_PORT: {plan.master_port}",
+        f"{'rank':>6} {'node':>5} {'host':<12} {'local':>5} {'gpus':<10} {'CUDA_VISIBLE_DEVICES':<21} {'device':<7} mesh",
+    ]
+    shown = plan.ranks if len(plan.ranks) <= limit else plan.ranks[: limit // 2] + plan.ranks[-limit // 2 :]
+    for i, r in enumerate(shown):
+        if len(plan.ranks) > limit and i == limit // 2:
+            lines.append(f"{'...':>6} ({len(plan.ranks) - limit} more ranks; --json lists all)")
+        mesh = " ".join(f"{k}={v}" for k, v in (r.coords or {}).items())
+        gpus = ",".join(map(str, r.gpus)) or "-"
+        lines.append(
+            f"{r.rank:>6} {r.node:>5} {r.host:<12} {r.local_rank:>5} {gpus:<10} {r.visible_devices or '-':<21} "
+            f"{r.device:<7} {mesh}"
+        )
+    return "\n".join(lines)

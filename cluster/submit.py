@@ -1,0 +1,142 @@
+"""Submission, a thin layer over submitit: executors, job ids, status and cancel.
+
+SLURM's own commands answer status and cancel (``squeue``/``scontrol``/``scancel``), since
+``sacct`` needs slurmdbd, which many clusters (and the test minicluster) lack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from cluster import paths
+from cluster.plan import Plan
+from cluster.render import render, srun_options
+from cluster.spec import JobSpec
+from cluster.task import run_rank
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    log_dir: Path
+    job: object  # the submitit Job
+
+
+def make_executor(spec: JobSpec, plan: Plan, python: str):
+    import submitit
+
+    folder = paths.submitit_folder(spec.log_dir, spec.name)
+    setup = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())] + list(spec.setup)
+    if spec.cluster == "local":
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(
+            nodes=1,
+            tasks_per_node=plan.tasks_per_node,
+            gpus_per_node=spec.gpus_per_node,
+            timeout_min=spec.time_minutes,
+            setup=setup,
+        )
+        return executor
+    if spec.container.runtime == "apptainer":
+        python = f"apptainer exec --nv {' '.join(f'--bind={m}' for m in spec.container.mounts)} {spec.container.image} {python}"
+    executor = submitit.SlurmExecutor(folder=folder, python=python)
+    gpus = {}
+    if plan.gpus_per_task:
+        gpus = (
+            {"gpus_per_task": plan.gpus_per_task}
+            if spec.gpu_binding == "per_task"
+            else {"gpus_per_node": spec.gpus_per_node}
+        )
+    extra = {"open-mode": "append", "requeue" if spec.requeue else "no-requeue": True}
+    extra.update(dict(opt[2:].split("=", 1) if "=" in opt else (opt[2:], True) for opt in spec.sbatch_extra))
+    optional = {k: getattr(spec, k) for k in ("partition", "account", "qos", "constraint", "mem") if getattr(spec, k)}
+    executor.update_parameters(
+        job_name=spec.name,
+        nodes=spec.nodes,
+        ntasks_per_node=plan.tasks_per_node,
+        cpus_per_task=spec.cpus_per_task,
+        time=spec.time_minutes,
+        exclusive=spec.exclusive or None,
+        setup=setup,
+        srun_args=srun_options(spec),
+        additional_parameters=extra,
+        stderr_to_stdout=True,
+        **gpus,
+        **optional,
+    )
+    return executor
+
+
+def submit(spec: JobSpec, plan: Plan, python: str, source: str = "") -> Submitted:
+    executor = make_executor(spec, plan, python)
+    job = executor.submit(run_rank, as_overrides(spec.train_dict()), str(paths.job_root(spec.log_dir, spec.name)))
+    job_dir = paths.job_dir(spec.log_dir, spec.name, job.job_id)
+    write_job_files(job_dir, spec, plan, python, source)
+    return Submitted(str(job.job_id), job_dir, job)
+
+
+def as_overrides(tree: dict, prefix: str = "") -> list[str]:
+    """{"train": {"steps": 5}} -> ["train.steps=5"]; values in JSON, which is valid YAML."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out += as_overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value)}")
+    return out
+
+
+def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, python: str, source: str) -> None:
+    """plan.json, the equivalent sbatch script, the spec and the training config, beside the logs."""
+    from dataclasses import asdict
+
+    job_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        paths.PLAN: json.dumps({**plan.to_json(), "cluster": spec.cluster, "name": spec.name}, indent=1),
+        paths.SCRIPT: render(spec, plan, python, source),
+        paths.SPEC: yaml.safe_dump(asdict(spec), sort_keys=False),
+        paths.TRAIN_CONFIG: yaml.safe_dump(spec.train_dict(), sort_keys=False),
+    }
+    for name, text in files.items():
+        tmp = job_dir / f".{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(job_dir / name)  # atomic: a rank never reads half a config
+
+
+def slurm_state(job_id: str) -> str | None:
+    """PENDING, RUNNING, COMPLETED, FAILED, ... from scontrol; None when SLURM forgot the job."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    for field in out.stdout.split():
+        if field.startswith("JobState="):
+            return field.split("=", 1)[1]
+    return None
+
+
+def local_state(job_id: str) -> str:
+    try:
+        os.kill(int(job_id), 0)
+    except (ProcessLookupError, ValueError):
+        return "ENDED"
+    return "RUNNING"
+
+
+def cancel(cluster: str, job_id: str) -> None:
+    if cluster == "local":
+        os.killpg(int(job_id), signal.SIGTERM) if _is_group_leader(job_id) else os.kill(int(job_id), signal.SIGTERM)
+    else:
+        subprocess.run(["scancel", job_id], check=True)
+
+
+def _is_group_leader(job_id: str) -> bool:
+    try:
+        return os.getpgid(int(job_id)) == int(job_id)
+    except ProcessLookupError:
+        return False

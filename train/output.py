@@ -1,0 +1,64 @@
+"""Per-rank output: timestamped lines, optionally redirected into the rank's log file.
+
+The timestamp lets the log inspector order events across ranks (which rank failed first).
+Redirection works at the file-descriptor level, so C++ warnings, faulthandler dumps and
+output of crashing code land in the same file as Python's prints.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from pathlib import Path
+
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
+STAMP_LENGTH = len("2026-01-01T00:00:00.000 ")
+
+
+def stamp() -> str:
+    now = time.time()
+    return time.strftime(STAMP_FORMAT, time.localtime(now)) + f".{int(now % 1 * 1000):03d} "
+
+
+class TimestampedStream(io.TextIOBase):
+    def __init__(self, stream):
+        self.stream = stream
+        self.at_line_start = True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self.at_line_start:
+                out.append(stamp())
+            out.append(piece)
+            self.at_line_start = piece.endswith("\n")
+        self.stream.write("".join(out))
+        self.stream.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def redirect_to(path: Path) -> None:
+    """Point file descriptors 1 and 2 at ``path`` (appending)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def timestamp_lines() -> None:
+    sys.stdout = TimestampedStream(sys.stdout)
+    sys.stderr = TimestampedStream(sys.stderr)
