@@ -96,11 +96,11 @@ def cmd_submit(args) -> int:
     from cluster.logs import follow, format_report, inspect
 
     if args.json:
-        while not done.job.done():
+        while not done.done():
             time.sleep(1)
     else:
         print("waiting for the job to end; rank 0's output:", flush=True)
-        follow(done.log_dir, [0], stop=done.job.done, out=lambda line: print(line, flush=True))
+        follow(done.log_dir, [0], stop=done.done, out=lambda line: print(line, flush=True))
     report = inspect(done.log_dir, running=False)
     if not args.json:
         print(format_report(report))

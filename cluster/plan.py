@@ -54,6 +54,11 @@ class Plan:
         }
 
 
+def plan_record(spec: JobSpec, plan: Plan) -> dict:
+    """plan.json, as the job directory keeps it (the log inspector reads it)."""
+    return {"name": spec.name, "cluster": spec.cluster, **plan.to_json()}
+
+
 def gpus_per_task(spec: JobSpec) -> int:
     tasks, gpus = spec.ranks_per_node, spec.gpus_per_node
     if gpus == 0:

@@ -8,12 +8,13 @@ value cannot be quoted (#SBATCH lines).
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import yaml
 
 from cluster import paths
-from cluster.plan import Plan
+from cluster.plan import Plan, plan_record
 from cluster.spec import JobSpec
 
 
@@ -106,7 +107,10 @@ def render(spec: JobSpec, plan: Plan, python: str, source: str = "") -> str:
         f"cat > {_q(config_path)} <<'TRAIN_YAML'",
     ]
     lines += [config, "TRAIN_YAML", ""]
+    plan_json = json.dumps(plan_record(spec, plan), separators=(",", ":"))
+    lines += ["# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{paths.PLAN}\" <<'PLAN_JSON'"]
+    lines += [plan_json, "PLAN_JSON", ""]
     srun = ["srun", *srun_options(spec), f"--output=$JOB_DIR/{paths.SRUN_RANK_LOG}"]
-    srun += rank_command(spec, python, config_path, "$JOB_DIR")
-    lines.append(" \\\n  ".join(_q(w) for w in srun))
+    command = " ".join(_q(w) for w in rank_command(spec, python, config_path, "$JOB_DIR"))
+    lines.append(" \\\n  ".join([*(_q(w) for w in srun), command]))
     return "\n".join(lines) + "\n"

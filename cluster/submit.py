@@ -17,17 +17,27 @@ from pathlib import Path
 import yaml
 
 from cluster import paths
-from cluster.plan import Plan
+from cluster.plan import Plan, plan_record
 from cluster.render import render, srun_options
 from cluster.spec import JobSpec
 from cluster.task import run_rank
+
+
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 
 
 @dataclass
 class Submitted:
     job_id: str
     log_dir: Path
+    cluster: str
     job: object  # the submitit Job
+
+    def done(self) -> bool:
+        if self.cluster == "local":
+            return self.job.done()
+        state = slurm_state(self.job_id)  # not submitit's done(): it needs sacct, i.e. slurmdbd
+        return state is None or state.split()[0] in TERMINAL
 
 
 def make_executor(spec: JobSpec, plan: Plan, python: str):
@@ -80,7 +90,7 @@ def submit(spec: JobSpec, plan: Plan, python: str, source: str = "") -> Submitte
     job = executor.submit(run_rank, as_overrides(spec.train_dict()), str(paths.job_root(spec.log_dir, spec.name)))
     job_dir = paths.job_dir(spec.log_dir, spec.name, job.job_id)
     write_job_files(job_dir, spec, plan, python, source)
-    return Submitted(str(job.job_id), job_dir, job)
+    return Submitted(str(job.job_id), job_dir, spec.cluster, job)
 
 
 def as_overrides(tree: dict, prefix: str = "") -> list[str]:
@@ -100,7 +110,7 @@ def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, python: str, sourc
 
     job_dir.mkdir(parents=True, exist_ok=True)
     files = {
-        paths.PLAN: json.dumps({**plan.to_json(), "cluster": spec.cluster, "name": spec.name}, indent=1),
+        paths.PLAN: json.dumps(plan_record(spec, plan), indent=1),
         paths.SCRIPT: render(spec, plan, python, source),
         paths.SPEC: yaml.safe_dump(asdict(spec), sort_keys=False),
         paths.TRAIN_CONFIG: yaml.safe_dump(spec.train_dict(), sort_keys=False),

@@ -1,0 +1,179 @@
+"""A real SLURM cluster on this machine: one controller, 2 slurmd "nodes" with 4 fake GPUs each.
+
+``python -m cluster.minicluster start|stop|status`` (``make minicluster``). Idempotent:
+``start`` on a running cluster only checks it. Needs root; installs Debian's slurm-wlm and
+munge when they are missing. Follows the verified recipe (shared/notes/slurm-minicluster.md):
+the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_DEVICES per
+task exactly as it does on a GPU cluster.
+
+It refuses to touch an /etc/slurm/slurm.conf that it did not write (a real cluster's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NODES = ("n1", "n2")
+GPUS_PER_NODE = 4
+CPUS_PER_NODE = 4
+STATE = Path("/var/tmp/kit-minicluster")
+CONF_DIR = Path("/etc/slurm")
+MARKER = "# written by torch-cluster-kit's minicluster"
+
+
+def say(msg: str) -> None:
+    print(f"minicluster: {msg}", flush=True)
+
+
+def run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
+
+
+def why_unavailable() -> str | None:
+    """None when a minicluster can be started here, else the reason."""
+    if os.geteuid() != 0:
+        return "needs root (munged and slurmd run as root)"
+    if not (shutil.which("slurmctld") and shutil.which("munged")) and not shutil.which("apt-get"):
+        return "slurm-wlm and munge are missing and there is no apt-get to install them"
+    conf = CONF_DIR / "slurm.conf"
+    if conf.exists() and MARKER not in conf.read_text():
+        return f"{conf} belongs to another SLURM installation"
+    return None
+
+
+def install() -> None:
+    if shutil.which("slurmctld") and shutil.which("munged"):
+        return
+    say("installing slurm-wlm and munge (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run("apt-get", "update", "-qq", env=env)
+    run("apt-get", "install", "-y", "-qq", "slurm-wlm", "munge", env=env)
+
+
+def slurm_conf(host: str) -> str:
+    return f"""{MARKER}
+ClusterName=kit
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+SlurmdParameters=config_overrides
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+ReturnToService=2
+# Short grace periods keep a failed job's teardown (and the tests) fast.
+KillWait=5
+UnkillableStepTimeout=30
+MinJobAge=600
+JobRequeue=1
+StateSaveLocation={STATE}/state
+SlurmdSpoolDir={STATE}/spool/%n
+SlurmctldPidFile={STATE}/slurmctld.pid
+SlurmdPidFile={STATE}/slurmd.%n.pid
+SlurmctldLogFile={STATE}/slurmctld.log
+SlurmdLogFile={STATE}/slurmd.%n.log
+NodeName={NODES[0][:-1]}[1-{len(NODES)}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[17001-{17000 + len(NODES)}] CPUs={CPUS_PER_NODE} Gres=gpu:{GPUS_PER_NODE} RealMemory=8000 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def write_config() -> None:
+    CONF_DIR.mkdir(parents=True, exist_ok=True)
+    for sub in ("state", "spool"):
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    files = {
+        "slurm.conf": slurm_conf(socket.gethostname()),
+        "gres.conf": f"{MARKER}\nName=gpu File=/dev/tty[0-{GPUS_PER_NODE - 1}]\n",
+        "cgroup.conf": f"{MARKER}\nCgroupPlugin=cgroup/v1\nConstrainCores=no\nConstrainRAMSpace=no\nConstrainDevices=no\n",
+    }
+    for name, text in files.items():
+        (CONF_DIR / name).write_text(text)
+    hosts = Path("/etc/hosts")
+    missing = [n for n in NODES if n not in hosts.read_text().split()]
+    if missing:  # node names must resolve, or MASTER_ADDR taken from the node list would not
+        with hosts.open("a") as f:
+            f.write(f"127.0.0.1 {' '.join(missing)}\n")
+
+
+def start_munge() -> None:
+    if run("munge", "-n", check=False).returncode == 0:
+        return
+    Path("/run/munge").mkdir(parents=True, exist_ok=True)
+    shutil.chown("/run/munge", "munge", "munge")
+    os.chmod("/run/munge", 0o755)
+    for d in ("/var/log/munge", "/var/lib/munge", "/etc/munge"):
+        run("chown", "-R", "munge:munge", d, check=False)
+    run("runuser", "-u", "munge", "--", "munged")
+
+
+def is_up() -> bool:
+    if not shutil.which("sinfo"):
+        return False
+    out = run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
+    states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+    return out.returncode == 0 and all(states.get(n, "").rstrip("*") in ("idle", "alloc", "mix") for n in NODES)
+
+
+def start(timeout_s: float = 60) -> None:
+    reason = why_unavailable()
+    if reason:
+        raise SystemExit(f"minicluster: cannot start: {reason}")
+    if is_up():
+        say("already up: " + ", ".join(NODES))
+        return
+    install()
+    write_config()
+    start_munge()
+    if run("scontrol", "ping", check=False).stdout.count("UP") == 0:
+        run("slurmctld")
+    for node in NODES:
+        if run("pgrep", "-f", f"slurmd -N {node}", check=False).returncode != 0:
+            run("slurmd", "-N", node)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if is_up():
+            say(f"up: {len(NODES)} nodes x {GPUS_PER_NODE} fake GPUs ({', '.join(NODES)}); logs in {STATE}")
+            return
+        run("scontrol", "update", f"nodename={','.join(NODES)}", "state=resume", check=False)
+        time.sleep(1)
+    raise SystemExit(f"minicluster: nodes did not become idle in {timeout_s:.0f} s; see {STATE}/*.log")
+
+
+def stop() -> None:
+    if shutil.which("scontrol"):
+        run("scontrol", "shutdown", check=False)
+    for pattern in ("slurmd -N", "slurmctld"):
+        run("pkill", "-f", pattern, check=False)
+    say("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.minicluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["start", "stop", "status"])
+    args = parser.parse_args(argv)
+    if args.action == "start":
+        start()
+    elif args.action == "stop":
+        stop()
+    else:
+        up = is_up()
+        print("up" if up else f"down ({why_unavailable() or 'not started'})")
+        return 0 if up else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
