@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.parallel.common import Context, Trainable, forward_eval
+from train.parallel.common import Context, Trainable, forward_eval, local_tensor
 
 
 def broadcast_parameters(model: nn.Module, group=None) -> None:
@@ -15,18 +15,23 @@ def broadcast_parameters(model: nn.Module, group=None) -> None:
             dist.broadcast(p, src=src, group=group)
 
 
+def allreduce_grads(params: list[nn.Parameter], group, world: int) -> None:
+    """Average each gradient over ``group``: one all_reduce per parameter (its local shard for DTensors)."""
+    for p in params:
+        grad = local_tensor(p.grad)
+        dist.all_reduce(grad, group=group)
+        grad.div_(world)
+
+
 def apply_ddp_naive(model: nn.Module, ctx: Context) -> Trainable:
     model = model.to(ctx.device)
     group = ctx.dp_group()
     broadcast_parameters(model, group)
-    world = ctx.dims.dp
     params = [p for p in model.parameters() if p.requires_grad]
 
     def finish_grads() -> None:
         # Runs after the last micro-step only: inner micro-steps accumulate locally.
-        for p in params:
-            dist.all_reduce(p.grad, group=group)
-            p.grad.div_(world)
+        allreduce_grads(params, group, ctx.dims.dp)
 
     return Trainable(
         model=model,

@@ -1,0 +1,53 @@
+"""FSDP2: parameters, gradients and optimizer state sharded over the data-parallel ranks.
+
+``fully_shard`` per Linear layer (each is all-gathered just before its forward and freed
+after, when ``parallel.reshard_after_forward``) and at the root. Combined with tensor
+parallelism when ``parallel.tp > 1`` (2-D: TP inside the node, FSDP across).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from train.model import linear_indices
+from train.parallel.common import Context, Trainable, forward_eval
+from train.parallel.tp import shard_tensor_parallel
+
+
+def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
+    ctx.require_precision("fp32", "bf16")
+    model = model.to(ctx.device)
+    if ctx.dims.tp > 1:
+        model = shard_tensor_parallel(model, ctx)
+    # bf16 through FSDP's own policy (compute in bf16, reduce gradients in fp32), not autocast.
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    options = {
+        "mesh": ctx.mesh["dp"],
+        "reshard_after_forward": ctx.cfg.parallel.reshard_after_forward,
+        "mp_policy": mp if ctx.cfg.train.precision == "bf16" else MixedPrecisionPolicy(),
+    }
+    for i in linear_indices(model):
+        fully_shard(model[i], **options)
+    fully_shard(model, **options)
+
+    @contextlib.contextmanager
+    def no_sync():
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    return Trainable(
+        model=model,
+        optimizer=ctx.optimizer(model.parameters()),
+        evaluate=forward_eval(model),  # every rank takes part: the forward all-gathers
+        no_sync=no_sync,
+        reports=ctx.is_first_rank,
+        autocast=False,
+        state_modules=[model],
+    )
