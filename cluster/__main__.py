@@ -205,7 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # Overrides may follow flags (`submit job.yaml --dry-run nodes=4`): take the leftovers.
+    unknown = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides += extra
     try:
         return args.func(args)
     except ConfigError as exc:

@@ -40,6 +40,10 @@ def submitit_folder(log_dir: str | Path, name: str) -> Path:
     return job_root(log_dir, name) / "submitit"
 
 
+def local_controller_log(log_dir: str | Path, name: str) -> Path:
+    return job_root(log_dir, name) / "submitit" / "local-controller.log"
+
+
 def rank_log(directory: Path, rank: int, attempt: int = 0) -> Path:
     return directory / log_name(rank, attempt)
 

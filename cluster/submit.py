@@ -6,11 +6,13 @@ SLURM's own commands answer status and cancel (``squeue``/``scontrol``/``scancel
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,9 +96,37 @@ def make_executor(spec: JobSpec, plan: Plan, python: str):
     return executor
 
 
+@contextlib.contextmanager
+def stdio_to(path: Path):
+    """Point fds 1 and 2 at ``path`` meanwhile: submitit's local controller inherits them and
+    outlives us, and would otherwise hold the caller's pipe open (`submit ... | tee` would
+    wait for the whole job)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+
+
 def submit(spec: JobSpec, plan: Plan, python: str, source: str = "") -> Submitted:
     executor = make_executor(spec, plan, python)
-    job = executor.submit(run_rank, as_overrides(spec.train_dict()), str(paths.job_root(spec.log_dir, spec.name)))
+    root = paths.job_root(spec.log_dir, spec.name)
+    detach = (
+        stdio_to(paths.local_controller_log(spec.log_dir, spec.name))
+        if spec.cluster == "local"
+        else contextlib.nullcontext()
+    )
+    with detach:
+        job = executor.submit(run_rank, as_overrides(spec.train_dict()), str(root))
     job_dir = paths.job_dir(spec.log_dir, spec.name, job.job_id)
     write_job_files(job_dir, spec, plan, python, source)
     return Submitted(str(job.job_id), job_dir, spec.cluster, job)

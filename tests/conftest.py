@@ -37,3 +37,7 @@ def torchrun(nprocs: int, *args: str, timeout: float = 240, env: dict | None = N
         "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={free_port()}", "-m", *args,
         env=env, timeout=timeout,
     )  # fmt: skip
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sbatch from the renderer")

@@ -231,8 +231,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     """``a.b.c=value`` -> (["a", "b", "c"], value parsed as YAML)."""
     key, sep, raw = text.partition("=")
     parts = key.split(".")
-    if not sep or not all(p.isidentifier() for p in parts):
+    if not sep or not key:
         raise ConfigError(text, "malformed override: expected dotted.key=value")
+    if not all(p.isidentifier() for p in parts):
+        raise ConfigError(key, "malformed key: expected dotted identifiers, e.g. train.steps")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:

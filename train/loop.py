@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import asdict
 
@@ -140,7 +141,15 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
 
     fb = trainable.forward_backward or forward_backward
     writer = RecordWriter(t.run_dir, env.rank)
-    writer.write("start", env=env.as_record(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg))
+    writer.write(
+        "start", env=env.as_record(), pid=os.getpid(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg)
+    )
+    if not quiet:  # every rank, so that each rank's log says who and where it is
+        print(
+            f"rank {env.rank}/{env.world_size} on {env.host} (node {env.node_rank}, local rank {env.local_rank}), "
+            f"device {ctx.device}, pid {os.getpid()}, mesh {coords}",
+            flush=True,
+        )
     say(
         f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
         f"device {ctx.device} | {sum(p.numel() for p in build_mlp(cfg.model, 0).parameters()):,} parameters"

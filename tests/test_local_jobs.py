@@ -1,0 +1,67 @@
+"""Real multi-rank jobs through submitit's local executor, with real failures."""
+
+import time
+
+import pytest
+
+from tests.jobs_helpers import kill_rank, logs_json, submit, wait_for_step
+
+pytestmark = pytest.mark.slow
+FAST = ["train.steps=40", "train.log_every=5", "train.eval_every=20", "tasks_per_node=3", "train.batch_size=63"]
+
+
+def test_local_job_completes_with_a_log_per_rank(tmp_path):
+    result, info = submit("jobs/local.yaml", tmp_path, *FAST)
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "local" / info["job_id"]
+    assert str(job_dir) == info["log_dir"]
+    for rank in range(3):
+        assert f"rank {rank}/3 on " in (job_dir / f"rank_{rank:05d}.log").read_text()
+    for name in ("plan.json", "job.sbatch", "spec.yaml", "train.yaml"):
+        assert (job_dir / name).exists()
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and report["first_failure"] is None
+    assert [r["state"] for r in report["ranks"]] == ["completed"] * 3
+
+
+def test_raising_rank_is_named_first_failure(tmp_path):
+    """Rank 1 raises at step 20: the inspector names rank 1 and its message, others are cascade."""
+    result, info = submit("jobs/local.yaml", tmp_path, *FAST, "train.fail_at_step=20", "train.fail_rank=1")
+    assert result.returncode == 1
+    job_dir = tmp_path / "local" / info["job_id"]
+    code, report = logs_json(job_dir)
+    assert code.returncode == 1
+    first = report["first_failure"]
+    assert first["rank"] == 1 and "train.fail_at_step=20 on rank 1" in first["error"]
+    assert first["node"] == 0 and any("loop.py" in f for f in first["frames"])
+    assert sorted(r for ranks in report["cascade"].values() for r in ranks) == [0, 2]
+    text = code.stdout
+    plain = __import__("tests.conftest", fromlist=["run_module"]).run_module("cluster", "logs", str(job_dir))
+    assert "FIRST FAILURE: rank 1" in plain.stdout and "cascade (2 ranks" in plain.stdout
+    assert text
+
+
+def test_sigkilled_rank_is_named_and_job_ends_fast(tmp_path):
+    result, info = submit("jobs/local.yaml", tmp_path, "train.steps=100000", "train.log_every=5", "tasks_per_node=3", "train.batch_size=63",
+                          wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "local" / info["job_id"]
+    victim = wait_for_step(job_dir, 2, 10)
+    kill_rank(victim)
+    killed_at = time.time()
+    from cluster.submit import local_state
+
+    while local_state(info["job_id"]) == "RUNNING":
+        assert time.time() - killed_at < 60, "the job outlived its killed rank by 60 s"
+        time.sleep(0.5)
+    code, report = logs_json(job_dir)
+    assert code.returncode == 1
+    assert report["first_failure"]["rank"] == 2 and report["first_failure"]["state"] == "killed"
+    assert sorted(r for ranks in report["cascade"].values() for r in ranks) == [0, 1]
+
+
+def test_plot_writes_png(tmp_path):
+    result, info = submit("jobs/local.yaml", tmp_path, *FAST)
+    png = tmp_path / "x.png"
+    code, _ = logs_json(tmp_path / "local" / info["job_id"], "--plot", str(png))
+    assert code.returncode == 0 and png.read_bytes()[:4] == b"\x89PNG"

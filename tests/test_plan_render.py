@@ -1,0 +1,181 @@
+"""Plan and render are pure functions: table tests, golden scripts, and the bad-spec table."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster.plan import make_plan
+from cluster.render import render
+from cluster.spec import JobSpec
+from tests.conftest import ROOT, run_module
+from train.config import ConfigError, load
+
+JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
+GOLDEN = ROOT / "tests" / "golden"
+PYTHON = "/opt/venv/bin/python"  # a fixed interpreter path, so goldens do not depend on this machine
+
+
+def spec(*overrides, path=None):
+    return load(JobSpec, path, list(overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides, world, rank13",
+    [
+        (["nodes=4", "gpus_per_node=4"], 16, dict(node=3, local_rank=1, gpus=(1,), visible_devices="1", device="cuda:0")),
+        (["nodes=2", "gpus_per_node=8"], 16, dict(node=1, local_rank=5, gpus=(5,), visible_devices="5")),
+        (["nodes=2", "gpus_per_node=8", "gpu_binding=shared"], 16,
+         dict(node=1, local_rank=5, visible_devices="0,1,2,3,4,5,6,7", device="cuda:5")),
+        (["nodes=4", "gpus_per_node=8", "tasks_per_node=4"], 16, dict(node=3, local_rank=1, gpus=(2, 3), visible_devices="2,3")),
+        (["nodes=7", "tasks_per_node=2"], 14, dict(node=6, local_rank=1, gpus=(), visible_devices="", device="cpu")),
+        (["nodes=2", "gpus_per_node=8", "parallel.strategy=tp", "parallel.tp=4"], 16,
+         dict(node=1, coords={"pp": 0, "dp": 3, "tp": 1})),
+    ],
+)  # fmt: skip
+def test_rank_map(overrides, world, rank13):
+    strategy = [] if "parallel.strategy=tp" in overrides else ["parallel.strategy=ddp"]
+    plan = make_plan(spec(*overrides, *strategy, "train.batch_size=1680"))  # divisible by 14 and 16
+    assert plan.world_size == world == len(plan.ranks)
+    slot = plan.ranks[13]
+    assert {k: getattr(slot, k) for k in rank13} == rank13
+    assert len({(r.node, r.local_rank) for r in plan.ranks}) == world
+
+
+def test_tensor_groups_stay_inside_nodes():
+    plan = make_plan(spec("nodes=3", "gpus_per_node=4", "parallel.strategy=tp", "parallel.tp=2", "train.batch_size=60"))
+    groups = {}
+    for r in plan.ranks:
+        groups.setdefault((r.coords["pp"], r.coords["dp"]), set()).add(r.node)
+    assert all(len(nodes) == 1 for nodes in groups.values())
+
+
+def test_plan_of_1024_nodes_is_fast():
+    s = spec("nodes=1024", "gpus_per_node=8", "parallel.strategy=ddp", "train.batch_size=65536")
+    start = time.perf_counter()
+    plan = make_plan(s)
+    data = json.dumps(plan.to_json())
+    elapsed = time.perf_counter() - start
+    assert plan.world_size == 8192 and elapsed < 0.5, elapsed
+    assert len(data) > 0
+
+
+def test_plan_cli_json_1024_nodes_under_half_a_second_of_work():
+    start = time.perf_counter()
+    result = run_module("cluster", "plan", "jobs/multi_node.yaml", "nodes=1024", "gpus_per_node=8",
+                        "train.batch_size=65536", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["ranks"]) == 8192
+    assert time.perf_counter() - start < 5  # includes starting Python; the plan itself is tested above
+
+
+# At least 15 bad specs: each exits 2 naming the key (or file); see also the SLURM tier,
+# which checks that squeue stays empty for them.
+BAD = [
+    (["nodse=2"], "nodse"),
+    (["nodes=two"], "nodes"),
+    (["nodes=0"], "nodes"),
+    (["nodes=-1"], "nodes"),
+    (["gpus_per_node=4", "tasks_per_node=3"], "tasks_per_node"),
+    (["gpus_per_node=2", "tasks_per_node=4"], "tasks_per_node"),
+    (["nodes=3", "gpus_per_node=0", "tasks_per_node=3", "parallel.strategy=tp", "parallel.tp=2"], "parallel.tp"),
+    (["parallel.strategy=tp", "parallel.tp=4", "gpus_per_node=2", "nodes=2"], "parallel.tp"),
+    (["container.runtime=pyxis"], "container.image"),
+    (["container.runtime=docker"], "container.runtime"),
+    (["name=x;rm -rf /"], "name"),
+    (["name=a b"], "name"),
+    (["env.FOO=$(reboot)"], "env.FOO"),
+    (["env.FOO=a;b"], "env.FOO"),
+    (["env.1X=a"], "env.1X"),
+    (['setup=["echo hi && reboot"]'], "setup[0]"),
+    (['setup=["echo `id`"]'], "setup[0]"),
+    (["partition=gpu debug"], "partition"),
+    (["time=forever"], "time"),
+    (['sbatch_extra=["reservation"]'], "sbatch_extra[0]"),
+    (["train.steps=abc"], "train.steps"),
+    (["parallel.strategy=fsd"], "parallel.strategy"),
+    (["train.batch_size=60", "nodes=1", "gpus_per_node=8"], "train.batch_size"),
+    (["cluster=local", "nodes=2"], "nodes"),
+    (["nodes"], "nodes"),
+    (["=3"], "=3"),
+]
+
+
+@pytest.mark.parametrize("overrides, key", BAD, ids=[k for _, k in BAD])
+def test_bad_spec_names_the_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        make_plan(spec(*overrides, path=ROOT / "jobs" / "multi_node.yaml"))
+    assert err.value.key == key, str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [("", "empty"), ("- 1\n- 2\n", "mapping"), ("nodes: [\n", "not valid YAML"), ("nodes: 2\nnodez: 3\n", "nodez")],
+)
+def test_bad_spec_files(tmp_path, text, key):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=key):
+        spec(path=path)
+
+
+@pytest.mark.parametrize("command", ["plan", "render", "submit"])
+def test_cli_bad_spec_exits_2(command, tmp_path):
+    result = run_module("cluster", command, "jobs/local.yaml", "nodes=0", f"log_dir={tmp_path}")
+    assert result.returncode == 2 and "nodes" in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing submitted, nothing written
+
+
+def test_cli_missing_file_exits_2():
+    result = run_module("cluster", "plan", "jobs/nope.yaml")
+    assert result.returncode == 2 and "jobs/nope.yaml" in result.stderr
+
+
+def golden_cases():
+    cases = [(p.stem, p, []) for p in JOBS]
+    cases += [
+        ("multi_node-pyxis", ROOT / "jobs/multi_node.yaml",
+         ["container.runtime=pyxis", "container.image=registry.example/kit:latest", "container.mounts=[\"/data:/data\"]"]),
+        ("multi_node-apptainer", ROOT / "jobs/multi_node.yaml",
+         ["container.runtime=apptainer", "container.image=/images/kit.sif", "container.mounts=[\"/data:/data\"]"]),
+    ]  # fmt: skip
+    return cases
+
+
+@pytest.mark.parametrize("name, path, overrides", golden_cases(), ids=[c[0] for c in golden_cases()])
+def test_render_matches_golden(name, path, overrides, request):
+    s = spec(*overrides, path=path)
+    text = render(s, make_plan(s), PYTHON if s.container.runtime == "none" else "python", source=f"jobs/{path.name}")
+    golden = GOLDEN / f"{name}.sbatch"
+    if request.config.getoption("--update-golden"):
+        golden.write_text(text)
+    assert text == golden.read_text(), f"rendered script changed; if intended: pytest {__file__} --update-golden"
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_rendered_script_essentials():
+    text = (GOLDEN / "multi_node.sbatch").read_text()
+    for needle in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-task=1",
+                   "srun", "--kill-on-bad-exit=1", "rank_%5t", "train.run_dir=$JOB_DIR", "#SBATCH --signal=USR1@120"]:  # fmt: skip
+        assert needle in text, needle
+    assert "--container-image=registry.example/kit:latest" in (GOLDEN / "multi_node-pyxis.sbatch").read_text()
+    assert (
+        "apptainer exec --nv --bind=/data:/data /images/kit.sif python -m train"
+        in (GOLDEN / "multi_node-apptainer.sbatch").read_text()
+    )
+
+
+def test_render_cli_container_forms():
+    for runtime, needle in [("pyxis", "--container-image=IMG"), ("apptainer", "apptainer exec --nv")]:
+        result = run_module(
+            "cluster", "render", "jobs/multi_node.yaml", f"container.runtime={runtime}", "container.image=IMG"
+        )
+        assert result.returncode == 0 and needle in result.stdout
+
+
+def test_dry_run_prints_plan_and_script(tmp_path):
+    result = run_module("cluster", "submit", "jobs/multi_node.yaml", "--dry-run", f"log_dir={tmp_path}")
+    assert result.returncode == 0 and "rank" in result.stdout and "#SBATCH --nodes=2" in result.stdout
+    assert not any(Path(tmp_path).iterdir())
