@@ -1,0 +1,118 @@
+"""Real jobs on the SLURM minicluster: 2 slurmd "nodes" x 4 fake GPUs on this machine.
+
+``make test`` starts the minicluster (installing slurm-wlm and munge with apt when run as
+root); where it cannot work (not root, no apt) these tests skip with the printed reason.
+"""
+
+import subprocess
+import time
+
+import pytest
+
+from cluster import minicluster
+from tests.conftest import run_module
+from tests.jobs_helpers import kill_rank, logs_json, submit, wait_for_step
+from tests.test_plan_render import BAD
+from train.records import read_records
+
+pytestmark = pytest.mark.slurm
+# The minicluster has 4 CPUs and little memory per node: ask for what it has.
+FIT = ["cpus_per_task=1", "mem=", "env.OMP_NUM_THREADS=1", "exclusive=false", "time=00:10:00"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    reason = minicluster.why_unavailable()
+    if reason:
+        pytest.skip(f"SLURM minicluster unavailable: {reason}")
+    minicluster.start()
+    yield
+
+
+def squeue_ids() -> list[str]:
+    return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_two_node_ddp_job_trains_with_a_log_per_rank(tmp_path):
+    result, info = submit(
+        "jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=60", "train.log_every=20"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_dir = tmp_path / "multi-node" / info["job_id"]
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0
+    assert [r["state"] for r in report["ranks"]] == ["completed"] * 4
+    assert sorted({r["node"] for r in report["ranks"]}) == [0, 1]
+    assert all((job_dir / f"rank_{r:05d}.log").exists() for r in range(4))
+
+
+@pytest.mark.parametrize(
+    "job, overrides",
+    [
+        ("jobs/single_node.yaml", []),
+        ("jobs/multi_node.yaml", ["gpus_per_node=2"]),
+        ("jobs/model_parallel.yaml", ["parallel.tp=2", "gpus_per_node=2"]),
+    ],
+)
+def test_plan_matches_what_tasks_saw(job, overrides, tmp_path):
+    steps = ["train.steps=4", "train.log_every=2", "train.eval_every=4"]
+    plan_result = run_module("cluster", "plan", job, *FIT, *overrides, *steps, "--json")
+    plan = __import__("json").loads(plan_result.stdout)
+    result, info = submit(job, tmp_path, *FIT, *overrides, *steps)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_dir = next(tmp_path.glob(f"*/{info['job_id']}"))
+    for slot in plan["ranks"]:
+        start = next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")
+        env, seen = start["env"], start["env"]["launcher_vars"]
+        assert env["launcher"] == "slurm"
+        assert int(seen["SLURM_PROCID"]) == env["rank"] == slot["rank"]
+        assert int(seen["SLURM_NODEID"]) == env["node_rank"] == slot["node"]
+        assert seen["SLURMD_NODENAME"] == f"n{slot['node'] + 1}"
+        assert env["local_rank"] == slot["local_rank"]
+        assert seen["CUDA_VISIBLE_DEVICES"] == slot["visible_devices"]
+        if slot["coords"]:
+            assert start["coords"] == slot["coords"]
+
+
+def test_dry_run_submits_nothing(tmp_path):
+    before = squeue_ids()
+    result = run_module("cluster", "submit", "jobs/multi_node.yaml", "--dry-run", f"log_dir={tmp_path}")
+    assert result.returncode == 0 and squeue_ids() == before
+
+
+def test_bad_specs_exit_2_and_submit_nothing(tmp_path):
+    before = squeue_ids()
+    for overrides, key in BAD:
+        result = run_module("cluster", "submit", "jobs/multi_node.yaml", f"log_dir={tmp_path}", *overrides)
+        assert result.returncode == 2, (overrides, result.stderr)
+        assert key in result.stderr, (overrides, result.stderr)
+    assert squeue_ids() == before
+    assert not any(tmp_path.iterdir())
+
+
+def test_raising_rank_on_second_node_is_named(tmp_path):
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=60",
+                          "train.log_every=5", "train.fail_at_step=20", "train.fail_rank=3")  # fmt: skip
+    assert result.returncode == 1
+    code, report = logs_json(tmp_path / "multi-node" / info["job_id"])
+    first = report["first_failure"]
+    assert code.returncode == 1 and first["rank"] == 3 and first["node"] == 1
+    assert "fail_at_step=20 on rank 3" in first["error"]
+
+
+def test_sigkill_ends_the_job_within_60_s(tmp_path):
+    from cluster.submit import TERMINAL, slurm_state
+
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
+                          "train.log_every=5", wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "multi-node" / info["job_id"]
+    victim = wait_for_step(job_dir, 2, 10)
+    kill_rank(victim)
+    killed_at = time.time()
+    while (slurm_state(info["job_id"]) or "GONE").split()[0] not in (*TERMINAL, "GONE"):
+        assert time.time() - killed_at < 60, "the job outlived its killed rank by 60 s"
+        time.sleep(0.5)
+    assert slurm_state(info["job_id"]).startswith(("FAILED", "CANCELLED"))
+    code, report = logs_json(job_dir)
+    assert code.returncode == 1 and report["first_failure"]["rank"] == 2
