@@ -46,5 +46,12 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m train.bench
 
+IMAGE ?= torch-cluster-kit:latest
+build:  ## the image, with docker when an engine answers, else podman (same arguments)
+	IMAGE=$(IMAGE) docker/build.sh
+
+docker-run:  ## train in the image: make docker-run ARGS="train.steps=100"
+	IMAGE=$(IMAGE) docker/run.sh $(ARGS)
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache

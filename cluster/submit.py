@@ -179,13 +179,8 @@ def local_state(job_id: str) -> str:
 
 def cancel(cluster: str, job_id: str) -> None:
     if cluster == "local":
-        os.killpg(int(job_id), signal.SIGTERM) if _is_group_leader(job_id) else os.kill(int(job_id), signal.SIGTERM)
+        # The local job id is submitit's controller pid. SIGINT makes it stop its tasks
+        # (SIGINT, then SIGKILL); SIGTERM would not: submitit treats it as a preemption notice.
+        os.kill(int(job_id), signal.SIGINT)
     else:
         subprocess.run(["scancel", job_id], check=True)
-
-
-def _is_group_leader(job_id: str) -> bool:
-    try:
-        return os.getpgid(int(job_id)) == int(job_id)
-    except ProcessLookupError:
-        return False

@@ -33,9 +33,10 @@ def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:
     return full_parameters(trainable)
 
 
-def run_strategy(tmp_path, nprocs, *overrides, flags=()) -> tuple[list[dict], list[dict], list[list[dict]]]:
+def run_strategy(tmp_path, nprocs, *overrides, flags=(), mkdir=True) -> tuple[list[dict], list[dict], list[list[dict]]]:
     out = tmp_path / "dist"
-    out.mkdir()
+    if mkdir:
+        out.mkdir()
     result = torchrun(nprocs, "tests.dist_worker", str(out), *flags, *BASE, f"train.run_dir={out}", *overrides)
     assert result.returncode == 0, result.stderr[-4000:]
     params = [torch.load(out / f"params_{r}.pt") for r in range(nprocs)]

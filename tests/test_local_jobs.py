@@ -46,14 +46,18 @@ def test_sigkilled_rank_is_named_and_job_ends_fast(tmp_path):
                           wait=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "local" / info["job_id"]
-    victim = wait_for_step(job_dir, 2, 10)
-    kill_rank(victim)
-    killed_at = time.time()
-    from cluster.submit import local_state
+    from cluster.submit import cancel, local_state
 
-    while local_state(info["job_id"]) == "RUNNING":
-        assert time.time() - killed_at < 60, "the job outlived its killed rank by 60 s"
-        time.sleep(0.5)
+    try:
+        victim = wait_for_step(job_dir, 2, 10)
+        kill_rank(victim)
+        killed_at = time.time()
+        while local_state(info["job_id"]) == "RUNNING":
+            assert time.time() - killed_at < 60, "the job outlived its killed rank by 60 s"
+            time.sleep(0.5)
+    finally:  # never leave a 100,000-step job behind
+        if local_state(info["job_id"]) == "RUNNING":
+            cancel("local", info["job_id"])
     code, report = logs_json(job_dir)
     assert code.returncode == 1
     assert report["first_failure"]["rank"] == 2 and report["first_failure"]["state"] == "killed"

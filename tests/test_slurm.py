@@ -107,12 +107,15 @@ def test_sigkill_ends_the_job_within_60_s(tmp_path):
                           "train.log_every=5", wait=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "multi-node" / info["job_id"]
-    victim = wait_for_step(job_dir, 2, 10)
-    kill_rank(victim)
-    killed_at = time.time()
-    while (slurm_state(info["job_id"]) or "GONE").split()[0] not in (*TERMINAL, "GONE"):
-        assert time.time() - killed_at < 60, "the job outlived its killed rank by 60 s"
-        time.sleep(0.5)
+    try:
+        victim = wait_for_step(job_dir, 2, 10)
+        kill_rank(victim)
+        killed_at = time.time()
+        while (slurm_state(info["job_id"]) or "GONE").split()[0] not in (*TERMINAL, "GONE"):
+            assert time.time() - killed_at < 60, "the job outlived its killed rank by 60 s"
+            time.sleep(0.5)
+    finally:  # never leave a 100,000-step job behind
+        subprocess.run(["scancel", info["job_id"]], check=False)
     assert slurm_state(info["job_id"]).startswith(("FAILED", "CANCELLED"))
     code, report = logs_json(job_dir)
     assert code.returncode == 1 and report["first_failure"]["rank"] == 2

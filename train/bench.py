@@ -73,9 +73,16 @@ def last_records(run_dir: Path, nprocs: int) -> list[dict]:
     return out
 
 
-def measure(strategy: str, nprocs: int, steps: int, overrides: list[str], port: int) -> dict:
+def parse_label(label: str) -> tuple[str, list[str]]:
+    """ "fsdp@tp2" -> ("fsdp", ["parallel.tp=2"]): a contender with its own tensor dimension."""
+    name, _, suffix = label.partition("@")
+    return name, [f"parallel.tp={suffix[2:]}"] if suffix.startswith("tp") else []
+
+
+def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int) -> dict:
+    strategy, extra = parse_label(label)
     with tempfile.TemporaryDirectory() as tmp:
-        args = bench_config(strategy, steps, tmp, overrides)
+        args = bench_config(strategy, steps, tmp, [*overrides, *extra])
         if strategy == "minimal":
             step_s = minimal_loop(load(Config, None, args[1:]), steps)
             cfg = load(Config, None, args[1:])
@@ -102,7 +109,7 @@ def benchmark(
 ) -> dict:
     samples: dict[str, list[dict]] = {s: [] for s in strategies}
     port = 29500 + os.getpid() % 1000
-    ranks = {s: 1 if s == "minimal" or s in SINGLE_PROCESS else nprocs for s in strategies}
+    ranks = {s: 1 if s == "minimal" or parse_label(s)[0] in SINGLE_PROCESS else nprocs for s in strategies}
     for r in range(rounds):
         for s in strategies:
             result = measure(s, ranks[s], steps, overrides, port)
@@ -143,7 +150,11 @@ def ratio(result: dict, a: str, b: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--strategies", default="single,minimal", help="comma-separated (minimal: hand-written loop)")
+    parser.add_argument(
+        "--strategies",
+        default="single,minimal",
+        help="comma-separated; minimal = the hand-written loop; name@tpN sets parallel.tp=N (e.g. fsdp@tp2)",
+    )
     parser.add_argument("--nprocs", type=int, default=1, help="ranks per multi-process strategy (torchrun)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
     parser.add_argument("--steps", type=int, default=400, help="steps per run; the second half is timed")
@@ -155,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         load(Config, None, args.overrides)
         for s in strategies:
             if s != "minimal":
-                load(Config, None, [f"parallel.strategy={s}"])
+                name, extra = parse_label(s)
+                load(Config, None, [f"parallel.strategy={name}", *extra])
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,11 +6,13 @@ import contextlib
 import os
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from train import checkpoint
 from train.config import Config, ConfigError, to_dict
 from train.data import BatchLoader, ShardedSampler, make_dataset
 from train.dist_env import DistEnv
@@ -18,6 +20,7 @@ from train.model import build_mlp
 from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
+from train.preempt import PreemptFlag
 from train.records import RecordWriter
 
 
@@ -36,6 +39,8 @@ def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
 def check_precision(cfg: Config, device: torch.device) -> None:
     if cfg.train.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision", "fp16 (with a GradScaler) needs CUDA; use bf16 on the CPU")
+    if cfg.train.ckpt_every and cfg.parallel.strategy == "zero1":
+        raise ConfigError("train.ckpt_every", "checkpoints of zero1's sharded optimizer are not supported yet")
 
 
 def setup(cfg: Config, env: DistEnv) -> tuple[Trainable, Context]:
@@ -154,10 +159,18 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
         f"device {ctx.device} | {sum(p.numel() for p in build_mlp(cfg.model, 0).parameters()):,} parameters"
     )
+    ckpt_dir = Path(t.run_dir) / "checkpoints"
+    start = 0
+    if t.ckpt_every and (resume := checkpoint.latest(ckpt_dir)) is not None:
+        start = checkpoint.load(resume, trainable, scaler)
+        say(f"resumed from {resume} (step {start})")
+        writer.write("resume", step=start, path=str(resume))
+    preempt = PreemptFlag() if t.ckpt_every else None
     progress = Progress(ctx.device, t.batch_size)
     record: dict = {}
+    memory = None
     try:
-        for step in range(1, t.steps + 1):
+        for step in range(start + 1, t.steps + 1):
             if step == t.fail_at_step and env.rank == t.fail_rank:
                 raise DeliberateFailure(f"train.fail_at_step={step} on rank {env.rank}")
             for micro in range(t.grad_accum):
@@ -171,11 +184,13 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 scaler.update()
             else:
                 optimizer.step()
-            if step == 1:  # gradients and optimizer state all exist now
+            if memory is None:  # gradients and optimizer state all exist now
                 memory = state_bytes(trainable)
             optimizer.zero_grad(set_to_none=True)
             progress.step_done()
             last = step == t.steps
+            if t.ckpt_every and (step % t.ckpt_every == 0 or last):
+                checkpoint.save(ckpt_dir, step, trainable, scaler)
             if step % t.log_every and step % t.eval_every and not last:
                 continue
             record = {"step": step, **progress.flush(env.distributed), "test_loss": None, "test_acc": None}
@@ -190,6 +205,13 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 record["state_bytes"] = memory
             writer.write("step", **record)
             say(format_line(record, t.steps))
+            if preempt is not None and not last and preempt.agreed(env.distributed, ctx.device):
+                if step % t.ckpt_every:
+                    checkpoint.save(ckpt_dir, step, trainable, scaler)
+                record["preempted"] = True
+                writer.write("preempted", step=step)
+                say(f"preemption signal: checkpoint saved at step {step}")
+                break
             progress.restart_clock()
     finally:
         writer.close()

@@ -15,6 +15,7 @@ from train.config import Config, ConfigError
 from train.dist_env import cpu_threads, from_environ, init_process_group
 from train.loop import run
 from train.output import redirect_to, timestamp_lines
+from train.preempt import requeue
 from train.records import log_name
 
 
@@ -37,7 +38,10 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
     if env.distributed:
         init_process_group(env, cfg.train.timeout_s)
     try:
-        return run(cfg, env)
+        record = run(cfg, env)
+        if record.get("preempted") and env.rank == 0:
+            print(f"rank 0: {requeue(env)}", flush=True)
+        return record
     except ConfigError:
         raise  # a bad layout for this world size: exit 2 at the CLI edge, like any bad key
     except BaseException:

@@ -1,0 +1,324 @@
+"""``make bench`` / ``python -m cluster.report``: every benchmark of the kit in one run, written
+to docs/benchmarks.md with PNG plots.
+
+Within each table, contenders run interleaved in the same run (``train.bench``) so noise
+hits them alike; only ratios inside a table are meant to be compared. On a GPU machine the
+same command adds MFU for ``jobs/bench_gpu.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+# Dense peak FLOP/s by device name fragment and dtype, for MFU (vendor data sheets, SXM parts).
+PEAK_FLOPS = {
+    "H200": {"bf16": 989e12, "fp32": 67e12},
+    "H100": {"bf16": 989e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp32": 19.5e12},
+    "L40S": {"bf16": 362e12, "fp32": 91.6e12},
+}
+# (label, ranks) per table row; "name@tpN" sets parallel.tp=N for that contender.
+STRATEGY_GRID = {
+    1: ["single", "model_parallel"],
+    2: ["ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "tp", "pipeline"],
+    4: ["ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "tp@tp2", "fsdp@tp2", "pipeline"],
+}
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def bench_json(*args: str) -> dict:
+    cmd = [sys.executable, "-m", "train.bench", "--json", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
+
+
+def strategies_table(rounds: int, steps: int) -> list[dict]:
+    rows = []
+    for nprocs, labels in STRATEGY_GRID.items():
+        say(f"strategies at {nprocs} rank(s): {', '.join(labels)}")
+        out = bench_json("--strategies", ",".join(labels), "--nprocs", str(nprocs), "--rounds", str(rounds),
+                         "--steps", str(steps), "optim.momentum=0.9")  # fmt: skip
+        rows += out["runs"]
+    return rows
+
+
+def collectives(max_bytes: str) -> list[dict]:
+    say("collectives bandwidth sweep (2 ranks)")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29561", "-m",
+           "train.collectives", "--json", f"--max-bytes={max_bytes}"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-3000:])
+    return json.loads(done.stdout)["sweep"]
+
+
+def plan_speed() -> dict:
+    from cluster.plan import make_plan
+    from cluster.spec import JobSpec
+    from train.config import load
+
+    spec = load(JobSpec, ROOT / "jobs/multi_node.yaml", ["nodes=1024", "gpus_per_node=8", "train.batch_size=65536"])
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        json.dumps(make_plan(spec).to_json())
+        times.append(time.perf_counter() - start)
+    return {"ranks": 8192, "seconds": statistics.median(times)}
+
+
+def triage_speed(ranks: int, lines: int, rounds: int = 3) -> dict:
+    from cluster.logs import inspect
+    from cluster.synthetic import make_job
+
+    say(f"log triage: {ranks} ranks x {lines} lines")
+    with tempfile.TemporaryDirectory() as tmp:
+        job = make_job(Path(tmp) / "job", world=ranks, lines=lines, crash_rank=ranks // 3)
+        files = [str(p) for p in sorted(job.glob("rank_*.log"))]
+        size = sum(Path(f).stat().st_size for f in files)
+        ours, grep = [], []
+        for _ in range(rounds):  # interleaved, page cache warm for both
+            start = time.perf_counter()
+            subprocess.run(["grep", "-l", "Traceback", *files], capture_output=True)
+            grep.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            report = inspect(job, running=False)
+            ours.append(time.perf_counter() - start)
+            assert report.first_failure["rank"] == ranks // 3
+    o, g = statistics.median(ours), statistics.median(grep)
+    return {"ranks": ranks, "lines": lines, "bytes": size, "inspect_s": o, "grep_s": g, "ratio": o / g}
+
+
+def submit_latency(rounds: int) -> dict | None:
+    """submit -> first training step, against raw sbatch of the rendered script (minicluster)."""
+    from cluster import minicluster
+
+    if not minicluster.is_up():
+        return None
+    say("submit latency vs raw sbatch (SLURM)")
+    fit = ["cpus_per_task=1", "mem=", "exclusive=false", "gpus_per_node=2", "env.OMP_NUM_THREADS=1",
+           "train.steps=2", "train.log_every=1", "time=00:05:00"]  # fmt: skip
+    ours, raw = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            for kind, store in (("submit", ours), ("sbatch", raw)):
+                log_dir = Path(tmp) / f"{kind}{i}"
+                args = [*fit, f"log_dir={log_dir}"]
+                start = time.time()
+                if kind == "submit":
+                    out = subprocess.run([sys.executable, "-m", "cluster", "submit", "jobs/multi_node.yaml", *args, "--json"],
+                                         capture_output=True, text=True, cwd=ROOT, check=True)  # fmt: skip
+                    job_id = json.loads(out.stdout)["job_id"]
+                else:
+                    script = Path(tmp) / f"job{i}.sbatch"
+                    subprocess.run([sys.executable, "-m", "cluster", "render", "jobs/multi_node.yaml", *args, "-o", str(script)],
+                                   capture_output=True, cwd=ROOT, check=True)  # fmt: skip
+                    out = subprocess.run(
+                        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=ROOT, check=True
+                    )
+                    job_id = out.stdout.strip().split(";")[0]
+                store.append(first_step_time(log_dir / "multi-node" / job_id) - start)
+    o, r = statistics.median(ours), statistics.median(raw)
+    return {"submit_s": o, "sbatch_s": r, "ratio": o / r, "rounds": rounds}
+
+
+def first_step_time(job_dir: Path, timeout: float = 180) -> float:
+    """When rank 0 recorded its first step (the record's own timestamp)."""
+    from train.records import read_records
+
+    path = job_dir / "rank_00000.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists():
+            steps = [r for r in read_records(path) if r["event"] == "step"]
+            if steps:
+                return steps[0]["time"]
+        time.sleep(0.1)
+    raise TimeoutError(f"no first step in {job_dir}")
+
+
+def gpu_mfu(rounds: int) -> dict | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from cluster.spec import JobSpec
+    from cluster.submit import as_overrides
+    from train.config import load
+    from train.model import flops_per_sample
+
+    spec = load(JobSpec, ROOT / "jobs/bench_gpu.yaml")
+    overrides = as_overrides(spec.train_dict())
+    out = bench_json("--strategies", "single,minimal", "--rounds", str(rounds), *overrides)
+    name = torch.cuda.get_device_name(0)
+    dtype = "bf16" if spec.train.precision == "bf16" else "fp32"
+    peak = next((v[dtype] for k, v in PEAK_FLOPS.items() if k in name), None)
+    flops = flops_per_sample(spec.model)
+    rows = [{**r, "tflops": r["samples_per_s"] * flops / 1e12} for r in out["runs"]]
+    for r in rows:
+        r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
+    return {"device": name, "dtype": dtype, "peak_tflops": peak / 1e12 if peak else None, "runs": rows}
+
+
+def plots(strategies: list[dict], sweep: list[dict]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    DOCS.mkdir(exist_ok=True)
+    labels = [f"{r['strategy']}\nx{r['nprocs']}" for r in strategies]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    ax.bar(labels, [r["samples_per_s"] for r in strategies], color=[f"C{r['nprocs']}" for r in strategies])
+    ax.set_ylabel("samples/s (global batch 64)")
+    ax.set_title("training throughput per strategy and rank count (CPU, gloo)")
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(DOCS / "throughput.png", dpi=90)
+    plt.close(fig)
+
+    with_mem = [r for r in strategies if r.get("state_bytes")]
+    fig, ax = plt.subplots(figsize=(12, 4.5))
+    bottom = [0.0] * len(with_mem)
+    for part in ("params", "grads", "optimizer"):
+        values = [r["state_bytes"][part] / 2**20 for r in with_mem]
+        ax.bar([f"{r['strategy']}\nx{r['nprocs']}" for r in with_mem], values, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("MiB on rank 0")
+    ax.set_title("state bytes per rank: parameters, gradients, optimizer (momentum)")
+    ax.legend()
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(DOCS / "state_bytes.png", dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot([r["bytes"] for r in sweep], [r["busbw_gbps"] for r in sweep], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("all_reduce bus bandwidth, 2 ranks (gloo, CPU)")
+    fig.tight_layout()
+    fig.savefig(DOCS / "busbw.png", dpi=90)
+    plt.close(fig)
+    return ["throughput.png", "state_bytes.png", "busbw.png"]
+
+
+def render_markdown(r: dict) -> str:
+    m = r["machine"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `make bench` (`python -m cluster.report`) on {m['date']}: {m['cpu']}, {m['cores']} cores, "
+        f"torch {m['torch']}, Python {m['python']}, GPU: {m['cuda'] or 'none'}. Every table is one interleaved run; "
+        "compare ratios within a table, not absolute figures across runs or machines. 4-rank rows oversubscribe "
+        f"a {m['cores']}-core machine: they show correctness and relative cost, not scaling.",
+        "",
+        "## The kit's loop vs the minimal hand-written loop (1 process)",
+        "",
+        "| contender | samples/s | ms/step | per-round samples/s |",
+        "|---|---:|---:|---|",
+    ]
+    for x in r["single"]["runs"]:
+        lines.append(
+            f"| {x['strategy']} | {x['samples_per_s']:,.0f} | {x['step_ms']:.3f} | {', '.join(f'{v:,.0f}' for v in x['rounds'])} |"
+        )
+    lines += ["", f"**single / minimal = {r['single_ratio']:.3f}** (goal >= 0.97).", ""]
+    lines += ["## Strategies at 1, 2 and 4 ranks (CPU, gloo, momentum 0.9)", "",
+              "| strategy | ranks | samples/s | ms/step | vs ddp (same ranks) | state MiB/rank (params+grads+optim) |",
+              "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    ddp = {x["nprocs"]: x["samples_per_s"] for x in r["strategies"] if x["strategy"] == "ddp"}
+    for x in r["strategies"]:
+        vs = f"{x['samples_per_s'] / ddp[x['nprocs']]:.3f}" if x["nprocs"] in ddp else "-"
+        mem = f"{x['state_bytes']['total'] / 2**20:.2f}" if x.get("state_bytes") else "-"
+        lines.append(
+            f"| {x['strategy']} | {x['nprocs']} | {x['samples_per_s']:,.0f} | {x['step_ms']:.2f} | {vs} | {mem} |"
+        )
+    lines += ["", "![throughput](throughput.png)", "", "![state bytes](state_bytes.png)", ""]
+    lines += ["## Collectives: all_reduce bandwidth, 2 ranks", "",
+              "| bytes | time (us) | algbw (GB/s) | busbw (GB/s) |", "|---:|---:|---:|---:|"]  # fmt: skip
+    for x in r["collectives"]:
+        lines.append(f"| {x['bytes']:,} | {x['time_us']:.1f} | {x['algbw_gbps']:.3f} | {x['busbw_gbps']:.3f} |")
+    lines += ["", "![bus bandwidth](busbw.png)", ""]
+    p = r["plan"]
+    lines += ["## Driver", "", f"- `plan` for 1024 nodes x 8 GPUs ({p['ranks']} ranks), including its JSON: "
+              f"**{p['seconds'] * 1000:.0f} ms** (goal < 500 ms)."]  # fmt: skip
+    t = r["triage"]
+    lines.append(
+        f"- Log triage of {t['ranks']} ranks x {t['lines']:,} lines ({t['bytes'] / 2**20:.0f} MiB): "
+        f"`cluster logs` **{t['inspect_s']:.2f} s** vs `grep -l Traceback` {t['grep_s']:.2f} s, "
+        f"**ratio {t['ratio']:.2f}** (goals: < 3 s, ratio <= 3)."
+    )
+    s = r.get("submit")
+    if s:
+        lines.append(
+            f"- Submission to first training step on the SLURM minicluster (2 nodes x 2 tasks, median of {s['rounds']}): "
+            f"`cluster submit` {s['submit_s']:.2f} s vs raw `sbatch` of the rendered script {s['sbatch_s']:.2f} s, "
+            f"**ratio {s['ratio']:.2f}** (goal <= 1.3)."
+        )
+    else:
+        lines.append("- Submit latency: skipped (no SLURM here; `make minicluster` first).")
+    g = r.get("gpu")
+    lines += ["", "## GPU (jobs/bench_gpu.yaml)", ""]
+    if g:
+        lines += [f"{g['device']}, {g['dtype']}, peak {g['peak_tflops']} TFLOP/s (dense).", "",
+                  "| contender | samples/s | TFLOP/s | MFU |", "|---|---:|---:|---:|"]  # fmt: skip
+        for x in g["runs"]:
+            mfu = f"{x['mfu']:.1%}" if x["mfu"] is not None else "-"
+            lines.append(f"| {x['strategy']} | {x['samples_per_s']:,.0f} | {x['tflops']:.1f} | {mfu} |")
+    else:
+        lines.append("No GPU on the machine that wrote this report; on one, `make bench` adds MFU here.")
+    lines += [
+        "",
+        "Reproduce: `make bench` (about 15 minutes on 2 cores; `make minicluster` first for the SLURM row).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--quick", action="store_true", help="1 round, fewer steps and smaller sweeps (a smoke run)")
+    parser.add_argument("--out", default=str(DOCS / "benchmarks.md"))
+    args = parser.parse_args(argv)
+    rounds, steps = (1, 40) if args.quick else (args.rounds, args.steps)
+    say("single vs minimal loop")
+    single = bench_json("--strategies", "single,minimal", "--rounds", str(max(rounds, 5) if not args.quick else 1))
+    result = {
+        "machine": single["machine"],
+        "single": single,
+        "single_ratio": single["runs"][0]["samples_per_s"] / single["runs"][1]["samples_per_s"],
+        "strategies": strategies_table(rounds, steps),
+        "collectives": collectives("1MiB" if args.quick else "64MiB"),
+        "plan": plan_speed(),
+        "triage": triage_speed(64, 500) if args.quick else triage_speed(1024, 5000),
+        "submit": None if args.quick or not shutil.which("sbatch") else submit_latency(rounds),
+        "gpu": gpu_mfu(rounds),
+    }
+    plots(result["strategies"], result["collectives"])
+    out = Path(args.out)
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(render_markdown(result))
+    (out.parent / "benchmarks.json").write_text(json.dumps(result, indent=1))
+    say(f"wrote {out} and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
