@@ -119,3 +119,64 @@ def test_sigkill_ends_the_job_within_60_s(tmp_path):
     assert slurm_state(info["job_id"]).startswith(("FAILED", "CANCELLED"))
     code, report = logs_json(job_dir)
     assert code.returncode == 1 and report["first_failure"]["rank"] == 2
+
+
+def final_params(ckpt: "Path") -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    from train.config import ModelConfig
+    from train.model import build_mlp
+
+    state = {"model": build_mlp(ModelConfig(), 0).state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    return state["model"]
+
+
+def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> str:
+    from cluster.submit import slurm_state
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = (slurm_state(job_id) or "GONE").split()[0]
+        if state in wanted:
+            return state
+        time.sleep(0.5)
+    raise TimeoutError(f"job {job_id} never reached {wanted}")
+
+
+RESUMABLE = [*FIT, "gpus_per_node=2", "requeue=true", "train.steps=1200", "train.ckpt_every=20", "train.log_every=20"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("straight")
+    result, info = submit("jobs/multi_node.yaml", tmp, *RESUMABLE)
+    assert result.returncode == 0, result.stderr
+    return final_params(tmp / "multi-node" / info["job_id"] / "checkpoints" / "step_0001200")
+
+
+@pytest.mark.parametrize("how", ["scontrol requeue", "signal USR1"])
+def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
+    import torch
+
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, wait=False)
+    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
+    try:
+        wait_for_step(job_dir, 0, 100)
+        if how == "scontrol requeue":
+            subprocess.run(["scontrol", "requeue", job_id], check=True)
+        else:  # what SLURM sends ahead of a time limit (--signal=USR1@...): ranks save, rank 0 requeues
+            subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        wait_state(job_id, ("PENDING",))
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+        assert wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "GONE")) in ("COMPLETED", "GONE")
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+    assert (job_dir / "rank_00003.log").exists() and (job_dir / "rank_00003.attempt1.log").exists()
+    records = list(read_records(job_dir / "rank_00000.jsonl"))
+    resumes = [r["step"] for r in records if r["event"] == "resume"]
+    assert resumes and 100 <= resumes[0] < 1200  # the second attempt really resumed mid-run
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and all(r["attempts"] == 2 and r["state"] == "completed" for r in report["ranks"])

@@ -20,11 +20,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from train.parallel.common import Trainable
 
 LATEST = "latest"
+# Optimizer state keyed per parameter name ("param_groups.<fqn>.lr"), not per group index:
+# pipeline stages hold different parameters, and DCP would otherwise deduplicate their
+# "param_groups.0" entries as if replicated, handing each stage another stage's group.
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # DCP warns on every call in a single process ("assuming the intent is to save in a single
 # process"): that is the intent here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -54,7 +58,7 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)  # a save that was killed before
         tmp.mkdir(parents=True)
     _barrier()
-    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer)
+    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer, options=OPTIONS)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
     extra = {
         "step": step,
@@ -86,11 +90,15 @@ def latest(ckpt_dir: Path) -> Path | None:
 
 def load(path: Path, trainable: Trainable, scaler) -> int:
     """Restore model, optimizer, RNG and scaler from ``path``; returns the step it holds."""
-    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer)
+    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer, options=OPTIONS)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
-        _model(trainable), trainable.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        _model(trainable),
+        trainable.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=OPTIONS,
     )
     extra = torch.load(path / f"extra_rank{_rank():05d}.pt", weights_only=False)
     torch.set_rng_state(extra["rng"])

@@ -213,6 +213,12 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 say(f"preemption signal: checkpoint saved at step {step}")
                 break
             progress.restart_clock()
+        if start >= t.steps:  # resumed from the final checkpoint: nothing left but to report it
+            record = {"step": start, "train_loss": None, "local_loss": None, "step_ms": 0.0, "samples_per_s": 0.0}
+            record["test_loss"], record["test_acc"] = trainable.evaluate(x_test, y_test) or (None, None)
+            record.update(final=True, state_bytes=state_bytes(trainable))
+            writer.write("step", **record)
+            say(f"already complete at step {start}")
     finally:
         writer.close()
     return record
