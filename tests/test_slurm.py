@@ -121,7 +121,7 @@ def test_sigkill_ends_the_job_within_60_s(tmp_path):
     assert code.returncode == 1 and report["first_failure"]["rank"] == 2
 
 
-def final_params(ckpt: "Path") -> dict:
+def final_params(ckpt) -> dict:
     import torch.distributed.checkpoint as dcp
 
     from train.config import ModelConfig
