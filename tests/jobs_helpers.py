@@ -39,3 +39,13 @@ def wait_for_step(job_dir: Path, rank: int, step: int, timeout: float = 120) -> 
 
 def kill_rank(start_record: dict) -> None:
     os.kill(start_record["pid"], signal.SIGKILL)
+
+
+def kill_rank_and_wait_end(job_dir: Path, rank: int, ended, limit_s: float = 60) -> float:
+    """SIGKILL ``rank`` once it is training; return how long the job took to end after it."""
+    kill_rank(wait_for_step(job_dir, rank, 10))
+    killed_at = time.time()
+    while not ended():
+        assert time.time() - killed_at < limit_s, f"the job outlived its killed rank by {limit_s:.0f} s"
+        time.sleep(0.5)
+    return time.time() - killed_at
