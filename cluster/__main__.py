@@ -108,6 +108,31 @@ def cmd_submit(args) -> int:
     return 1 if report.failed or report.completed < report.world_size else 0
 
 
+def cmd_preflight(args) -> int:
+    import re
+
+    from cluster import paths
+    from cluster.submit import submit
+
+    spec, plan = load_spec(args.job, args.overrides)
+    done = submit(spec, plan, node_python(spec), source=args.job, preflight_only=True)
+    print(f"preflight job {done.job_id}: {plan.world_size} rank(s); logs: {done.log_dir}", flush=True)
+    while not done.done():
+        time.sleep(1)
+    rank0 = paths.preflight_log(done.log_dir, 0)
+    text = rank0.read_text() if rank0.exists() else ""
+    print(text, end="")
+    missing = re.search(r"rank\(s\) \[([\d, ]+)\] never joined", text)
+    if missing:
+        for rank in map(int, missing.group(1).split(",")):
+            slot = plan.ranks[rank]
+            print(f"  rank {rank} -> node {slot.node} ({slot.host}), local rank {slot.local_rank}")
+    if "preflight OK" not in text:
+        print(f"preflight FAILED (see {done.log_dir}/preflight_*.log)")
+        return 1
+    return 0
+
+
 def cmd_status(args) -> int:
     from cluster import submit
 
@@ -178,6 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_spec("render", "print a standalone sbatch script equivalent to submit")
     p.add_argument("-o", "--output", help="write the script to this file")
     p.set_defaults(func=cmd_render)
+    p = with_spec(
+        "preflight",
+        "run only the preflight check on the spec's allocation: every rank joins, "
+        "collectives verified, bus bandwidth, /dev/shm and GPUs per node; exit 0/1",
+    )
+    p.set_defaults(func=cmd_preflight)
     p = with_spec("submit", "submit through submitit (SLURM, or the local executor for cluster: local)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
     p.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')

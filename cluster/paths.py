@@ -1,19 +1,23 @@
 """Every path the driver and the log inspector use, defined once.
 
 <log_dir>/<name>/slurm-<job_id>.log        the batch script's own output (srun's messages)
-<log_dir>/<name>/submitit/                 submitit's pickles and logs, <job_id>_* (all jobs of this name)
+<log_dir>/<name>/submitit/                 submitit's pickles and logs, <job_id>_* (all jobs of this
+                                           name), and local-controller.log (the local executor's)
 <log_dir>/<name>/<job_id>/                 the job directory
     plan.json  job.sbatch  spec.yaml       what was planned and submitted
+    train.yaml                             the training configuration every rank got
     rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
     rank_00003.attempt1.log                the same rank after the first requeue
     rank_00003.jsonl                       rank 3's JSON records (train.records)
+    preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
+    checkpoints/                           train.ckpt_every: step_NNNNNNN/ and the latest pointer
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from train.records import log_name, record_name
+from train.records import log_name, preflight_log_name, record_name
 
 PLAN = "plan.json"
 SCRIPT = "job.sbatch"
@@ -22,6 +26,7 @@ TRAIN_CONFIG = "train.yaml"
 # srun's per-task output pattern: %5t is the task id zero-padded to 5, as log_name() writes it;
 # ATTEMPT_SUFFIX is set by the rendered script from SLURM_RESTART_COUNT.
 SRUN_RANK_LOG = "rank_%5t${ATTEMPT_SUFFIX}.log"
+SRUN_PREFLIGHT_LOG = "preflight_%5t.log"  # as records.preflight_log_name() writes it
 
 
 def job_root(log_dir: str | Path, name: str) -> Path:
@@ -46,6 +51,10 @@ def local_controller_log(log_dir: str | Path, name: str) -> Path:
 
 def rank_log(directory: Path, rank: int, attempt: int = 0) -> Path:
     return directory / log_name(rank, attempt)
+
+
+def preflight_log(directory: Path, rank: int) -> Path:
+    return directory / preflight_log_name(rank)
 
 
 def rank_records(directory: Path, rank: int) -> Path:

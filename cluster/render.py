@@ -57,7 +57,16 @@ def srun_options(spec: JobSpec) -> list[str]:
 
 def rank_command(spec: JobSpec, python: str, config_path: str, run_dir: str) -> list[str]:
     """The command every rank runs (after srun and its container flags)."""
-    cmd = [python, "-m", "train", "--timestamps", "--config", config_path, f"train.run_dir={run_dir}"]
+    return in_container(
+        spec, [python, "-m", "train", "--timestamps", "--config", config_path, f"train.run_dir={run_dir}"]
+    )
+
+
+def preflight_command(spec: JobSpec, python: str) -> list[str]:
+    return in_container(spec, [python, "-m", "train.preflight", "--join-timeout-s=120"])
+
+
+def in_container(spec: JobSpec, cmd: list[str]) -> list[str]:
     c = spec.container
     if c.runtime == "apptainer":
         binds = [f"--bind={m}" for m in c.mounts]
@@ -110,6 +119,14 @@ def render(spec: JobSpec, plan: Plan, python: str, source: str = "") -> str:
     plan_json = json.dumps(plan_record(spec, plan), separators=(",", ":"))
     lines += ["# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{paths.PLAN}\" <<'PLAN_JSON'"]
     lines += [plan_json, "PLAN_JSON", ""]
+    if spec.preflight:
+        check = ["srun", *srun_options(spec), f"--output=$JOB_DIR/{paths.SRUN_PREFLIGHT_LOG}"]
+        command = " ".join(_q(w) for w in preflight_command(spec, python))
+        lines += [
+            "# Preflight: every rank joins, collectives verified, bus bandwidth measured.",
+            " \\\n  ".join([*(_q(w) for w in check), command]),
+            "",
+        ]
     srun = ["srun", *srun_options(spec), f"--output=$JOB_DIR/{paths.SRUN_RANK_LOG}"]
     command = " ".join(_q(w) for w in rank_command(spec, python, config_path, "$JOB_DIR"))
     lines.append(" \\\n  ".join([*(_q(w) for w in srun), command]))

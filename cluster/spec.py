@@ -93,6 +93,7 @@ class JobSpec:
     setup: list[str] = field(default_factory=list)
     log_dir: str = "runs"
     sbatch_extra: list[str] = field(default_factory=list)
+    preflight: bool = False  # check every rank joins and communicates before training, same allocation
     python: str = ""  # interpreter on the nodes; default: the submitting one (or "python" in a container)
     # The training configuration, passed unchanged to every rank.
     model: ModelConfig = field(default_factory=ModelConfig)

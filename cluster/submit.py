@@ -117,7 +117,7 @@ def stdio_to(path: Path):
             os.close(f)
 
 
-def submit(spec: JobSpec, plan: Plan, python: str, source: str = "") -> Submitted:
+def submit(spec: JobSpec, plan: Plan, python: str, source: str = "", preflight_only: bool = False) -> Submitted:
     executor = make_executor(spec, plan, python)
     root = paths.job_root(spec.log_dir, spec.name)
     detach = (
@@ -126,7 +126,9 @@ def submit(spec: JobSpec, plan: Plan, python: str, source: str = "") -> Submitte
         else contextlib.nullcontext()
     )
     with detach:
-        job = executor.submit(run_rank, as_overrides(spec.train_dict()), str(root))
+        job = executor.submit(
+            run_rank, as_overrides(spec.train_dict()), str(root), spec.preflight or preflight_only, not preflight_only
+        )
     job_dir = paths.job_dir(spec.log_dir, spec.name, job.job_id)
     write_job_files(job_dir, spec, plan, python, source)
     return Submitted(str(job.job_id), job_dir, spec.cluster, job)

@@ -11,12 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def run_rank(train_args: list[str], job_root: str) -> None:
+def run_rank(train_args: list[str], job_root: str, preflight: bool = False, train: bool = True) -> None:
+    """Preflight (when asked), then training, in this task's process."""
     import submitit
 
-    from train.__main__ import main as train_main
-
     job_dir = Path(job_root) / str(submitit.JobEnvironment().job_id)
-    code = train_main(["--rank-log", *train_args, f"train.run_dir={job_dir}"])
-    if code:
-        raise SystemExit(code)
+    if preflight:
+        from train.preflight import main as preflight_main
+
+        code = preflight_main(["--log-dir", str(job_dir)])
+        if code:
+            raise SystemExit(code)
+    if train:
+        from train.__main__ import main as train_main
+
+        code = train_main(["--rank-log", *train_args, f"train.run_dir={job_dir}"])
+        if code:
+            raise SystemExit(code)

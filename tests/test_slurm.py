@@ -176,3 +176,11 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
     assert resumes and 100 <= resumes[0] < 1200  # the second attempt really resumed mid-run
     code, report = logs_json(job_dir)
     assert code.returncode == 0 and all(r["attempts"] == 2 and r["state"] == "completed" for r in report["ranks"])
+
+
+def test_preflight_on_two_nodes(tmp_path):
+    result = run_module("cluster", "preflight", "jobs/multi_node.yaml", *FIT, "gpus_per_node=2", f"log_dir={tmp_path}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 ranks joined" in result.stdout and "preflight OK" in result.stdout
+    nodes = [line.split()[2] for line in result.stdout.splitlines() if line.split()[2:3] == ["vm"]]
+    assert len(nodes) == 2  # one report line per node

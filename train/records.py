@@ -20,6 +20,10 @@ def record_name(rank: int) -> str:
     return f"rank_{rank:05d}.jsonl"
 
 
+def preflight_log_name(rank: int) -> str:
+    return f"preflight_{rank:05d}.log"
+
+
 def log_name(rank: int, attempt: int = 0) -> str:
     """A rank's stdout+stderr file; each requeued attempt gets its own."""
     return f"rank_{rank:05d}.log" if attempt == 0 else f"rank_{rank:05d}.attempt{attempt}.log"
