@@ -43,8 +43,8 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(VENV)/.installed
-	$(PY) -m train.bench
+bench: $(VENV)/.installed  ## every benchmark in one run -> docs/benchmarks.md and docs/*.png (make minicluster first for SLURM)
+	$(PY) -m cluster.report
 
 IMAGE ?= torch-cluster-kit:latest
 build:  ## the image, with docker when an engine answers, else podman (same arguments)

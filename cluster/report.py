@@ -35,6 +35,10 @@ STRATEGY_GRID = {
 }
 
 
+# --quick: one contender per rank count, enough to exercise every part of the report.
+QUICK_GRID = {1: ["single"], 2: ["ddp_bucketed"], 4: ["fsdp@tp2"]}
+
+
 def say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -47,9 +51,9 @@ def bench_json(*args: str) -> dict:
     return json.loads(done.stdout)
 
 
-def strategies_table(rounds: int, steps: int) -> list[dict]:
+def strategies_table(rounds: int, steps: int, grid: dict[int, list[str]]) -> list[dict]:
     rows = []
-    for nprocs, labels in STRATEGY_GRID.items():
+    for nprocs, labels in grid.items():
         say(f"strategies at {nprocs} rank(s): {', '.join(labels)}")
         out = bench_json("--strategies", ",".join(labels), "--nprocs", str(nprocs), "--rounds", str(rounds),
                          "--steps", str(steps), "optim.momentum=0.9")  # fmt: skip
@@ -174,13 +178,13 @@ def gpu_mfu(rounds: int) -> dict | None:
     return {"device": name, "dtype": dtype, "peak_tflops": peak / 1e12 if peak else None, "runs": rows}
 
 
-def plots(strategies: list[dict], sweep: list[dict]) -> list[str]:
+def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    DOCS.mkdir(exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     labels = [f"{r['strategy']}\nx{r['nprocs']}" for r in strategies]
     fig, ax = plt.subplots(figsize=(12, 4.5))
     ax.bar(labels, [r["samples_per_s"] for r in strategies], color=[f"C{r['nprocs']}" for r in strategies])
@@ -188,7 +192,7 @@ def plots(strategies: list[dict], sweep: list[dict]) -> list[str]:
     ax.set_title("training throughput per strategy and rank count (CPU, gloo)")
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    fig.savefig(DOCS / "throughput.png", dpi=90)
+    fig.savefig(out_dir / "throughput.png", dpi=90)
     plt.close(fig)
 
     with_mem = [r for r in strategies if r.get("state_bytes")]
@@ -203,7 +207,7 @@ def plots(strategies: list[dict], sweep: list[dict]) -> list[str]:
     ax.legend()
     ax.tick_params(axis="x", labelsize=7)
     fig.tight_layout()
-    fig.savefig(DOCS / "state_bytes.png", dpi=90)
+    fig.savefig(out_dir / "state_bytes.png", dpi=90)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -213,7 +217,7 @@ def plots(strategies: list[dict], sweep: list[dict]) -> list[str]:
     ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_title("all_reduce bus bandwidth, 2 ranks (gloo, CPU)")
     fig.tight_layout()
-    fig.savefig(DOCS / "busbw.png", dpi=90)
+    fig.savefig(out_dir / "busbw.png", dpi=90)
     plt.close(fig)
     return ["throughput.png", "state_bytes.png", "busbw.png"]
 
@@ -297,23 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 round, fewer steps and smaller sweeps (a smoke run)")
     parser.add_argument("--out", default=str(DOCS / "benchmarks.md"))
     args = parser.parse_args(argv)
-    rounds, steps = (1, 40) if args.quick else (args.rounds, args.steps)
+    rounds, steps = (1, 20) if args.quick else (args.rounds, args.steps)
     say("single vs minimal loop")
     single = bench_json("--strategies", "single,minimal", "--rounds", str(max(rounds, 5) if not args.quick else 1))
     result = {
         "machine": single["machine"],
         "single": single,
         "single_ratio": single["runs"][0]["samples_per_s"] / single["runs"][1]["samples_per_s"],
-        "strategies": strategies_table(rounds, steps),
+        "strategies": strategies_table(rounds, steps, QUICK_GRID if args.quick else STRATEGY_GRID),
         "collectives": collectives("1MiB" if args.quick else "64MiB"),
         "plan": plan_speed(),
         "triage": triage_speed(64, 500) if args.quick else triage_speed(1024, 5000),
         "submit": None if args.quick or not shutil.which("sbatch") else submit_latency(rounds),
         "gpu": gpu_mfu(rounds),
     }
-    plots(result["strategies"], result["collectives"])
     out = Path(args.out)
-    out.parent.mkdir(exist_ok=True)
+    plots(result["strategies"], result["collectives"], out.parent)
     out.write_text(render_markdown(result))
     (out.parent / "benchmarks.json").write_text(json.dumps(result, indent=1))
     say(f"wrote {out} and plots")
