@@ -140,6 +140,15 @@ def submit_latency(rounds: int) -> dict | None:
     return {"submit_s": o, "sbatch_s": r, "ratio": o / r, "rounds": rounds}
 
 
+def guarded(section, *args):
+    """A section that fails is reported as such; it does not discard the other sections' results."""
+    try:
+        return section(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of one measurement
+        say(f"{section.__name__} failed: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def first_step_time(job_dir: Path, timeout: float = 180) -> float:
     """When rank 0 recorded its first step (the record's own timestamp)."""
     from train.records import read_records
@@ -268,7 +277,9 @@ def render_markdown(r: dict) -> str:
         f"**ratio {t['ratio']:.2f}** (goals: < 3 s, ratio <= 3)."
     )
     s = r.get("submit")
-    if s:
+    if s and "error" in s:
+        lines.append(f"- Submit latency: the measurement failed: {s['error']}")
+    elif s:
         lines.append(
             f"- Submission to first training step on the SLURM minicluster (2 nodes x 2 tasks, median of {s['rounds']}): "
             f"`cluster submit` {s['submit_s']:.2f} s vs raw `sbatch` of the rendered script {s['sbatch_s']:.2f} s, "
@@ -312,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "collectives": collectives("1MiB" if args.quick else "64MiB"),
         "plan": plan_speed(),
         "triage": triage_speed(64, 500) if args.quick else triage_speed(1024, 5000),
-        "submit": None if args.quick or not shutil.which("sbatch") else submit_latency(rounds),
+        "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
         "gpu": gpu_mfu(rounds),
     }
     out = Path(args.out)
