@@ -16,7 +16,7 @@ from train import checkpoint
 from train.config import Config, ConfigError, to_dict
 from train.data import BatchLoader, ShardedSampler, make_dataset
 from train.dist_env import DistEnv
-from train.model import build_mlp
+from train.model import build_mlp, parameter_count
 from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
@@ -157,7 +157,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         )
     say(
         f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
-        f"device {ctx.device} | {sum(p.numel() for p in build_mlp(cfg.model, 0).parameters()):,} parameters"
+        f"device {ctx.device} | {parameter_count(cfg.model):,} parameters"
     )
     ckpt_dir = Path(t.run_dir) / "checkpoints"
     start = 0

@@ -38,6 +38,10 @@ def linear_indices(model: nn.Sequential) -> list[int]:
     return [i for i, m in enumerate(model) if isinstance(m, nn.Linear)]
 
 
+def parameter_count(cfg: ModelConfig) -> int:
+    return sum(d_in * d_out + d_out for d_in, d_out in layer_dims(cfg))
+
+
 def flops_per_sample(cfg: ModelConfig) -> int:
     """Forward + backward matmul FLOPs per sample (2 per MAC forward, 4 backward)."""
     return 6 * sum(d_in * d_out for d_in, d_out in layer_dims(cfg))
