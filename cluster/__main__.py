@@ -1,4 +1,4 @@
-"""``python -m cluster {plan,render,submit,status,cancel,logs} ...``: the driver's command line.
+"""``python -m cluster {plan,render,preflight,submit,status,cancel,logs,snapshot} ...``: the driver's command line.
 
 The one place that turns a bad spec into exit status 2 with a message naming the key;
 nothing is submitted before the spec and its plan are valid.
@@ -22,6 +22,7 @@ EXAMPLES = """examples:
   python -m cluster submit jobs/multi_node.yaml nodes=4 train.steps=200 parallel.strategy=fsdp
   python -m cluster submit jobs/local.yaml --wait
   python -m cluster logs runs/local/12345 --json
+  python -m cluster snapshot runs/local/12345
 """
 
 
@@ -182,6 +183,50 @@ def cmd_logs(args) -> int:
     return 1 if report.failed else 0
 
 
+def cmd_snapshot(args) -> int:
+    import shutil
+
+    from cluster import logs, stacks, submit
+    from train.hangs import DUMP_SIGNAL
+
+    job_dir = find_job_dir(args.job, args.log_dir)
+    plan = json.loads((job_dir / "plan.json").read_text())
+    report = logs.inspect(job_dir, running=True)
+    live = [r for r in report.ranks if r.state != "completed" and r.log]
+    if logs.job_is_running(job_dir, plan) is False or not live:
+        raise ConfigError(args.job, "the job is not running: use `python -m cluster logs` for its last stacks")
+    sizes = {r.rank: Path(r.log).stat().st_size for r in live}
+    submit.signal_ranks(plan["cluster"], job_dir.name, [r.pid for r in live if r.pid], DUMP_SIGNAL)
+    found: dict = {}
+    deadline = time.monotonic() + args.timeout
+    while len(found) < len(live) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        for r in live:
+            if r.rank not in found and (stack := stacks.last_stack(Path(r.log), since=sizes[r.rank])):
+                found[r.rank] = stack
+    verdict = stacks.classify(found, {}, snapshot=True)
+    verdict["missing"] = sorted({r.rank for r in live} - set(found))
+    if args.native and shutil.which("py-spy"):
+        verdict["native"] = {r.rank: submit.native_stack(plan["cluster"], job_dir.name, r.host, r.pid) for r in live}
+    if args.json:
+        print(json.dumps(verdict, indent=1))
+        return 0
+    print(f"snapshot of {len(found)}/{len(live)} running rank(s) of {job_dir} (stacks appended to their logs)")
+    print("where each rank is: " + stacks.describe_groups(verdict["groups"]))
+    if verdict["culprits"]:
+        print(f"stands out: rank(s) {stacks.compress(verdict['culprits'])} ({verdict['reason']})")
+        first = found[verdict["culprits"][0]]
+        for frame in first.frames[:12]:
+            print(f"  {frame.label()}")
+    if verdict["missing"]:
+        print(f"no stack within {args.timeout:g} s from rank(s) {stacks.compress(verdict['missing'])}")
+    for rank, text in verdict.get("native", {}).items():
+        print(f"--- rank {rank}, native (py-spy) ---\n{text}")
+    if args.native and not shutil.which("py-spy"):
+        print("--native: py-spy is not installed (pip install py-spy)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m cluster",
@@ -217,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func, help in [
         ("status", cmd_status, "the scheduler's state of a job"),
         ("cancel", cmd_cancel, "cancel a job"),
-        ("logs", cmd_logs, "per-rank table, first failing rank and its cascade, stragglers"),
+        ("logs", cmd_logs, "per-rank table, first failing rank and its cascade, hangs, stragglers"),
+        (
+            "snapshot",
+            cmd_snapshot,
+            "every rank of a running job writes its stacks to its log; group ranks by where they are",
+        ),
     ]:
         p = sub.add_parser(name, help=help, description=help)
         p.add_argument("job", help="job id or job directory")
@@ -232,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--plot", help="write step time per rank over steps to this PNG")
             p.add_argument("--silent-after", type=float, default=300.0, help="seconds without output = silent")
             p.add_argument("--straggler-margin", type=float, default=0.2, help="fraction above the median")
+        if name == "snapshot":
+            p.add_argument("--json", action="store_true", help="one object: culprits, groups, missing")
+            p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for every rank's stacks")
+            p.add_argument("--native", action="store_true", help="add native frames with py-spy (needs ptrace)")
         p.set_defaults(func=func)
     return parser
 

@@ -20,22 +20,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cluster import paths
+from cluster import paths, stacks
+from cluster.stacks import CASCADE, LIBRARY_PATH, compress
 from train.output import STAMP_FORMAT, STAMP_LENGTH
 from train.records import read_records
 
 TRACEBACK = b"Traceback (most recent call last):"
 FAULT_DUMP = b"(most recent call first):"  # faulthandler's stack dump (SIGTERM, hang)
+STALL_DUMP = b")!\nThread 0x"  # the end of the stall watchdog's "Timeout (H:MM:SS)!" line
 SIGNAL_WORDS = (b"Fatal Python error: ", b"Killed", b"Terminated", b"SIGKILL", b"SIGTERM")
-# Errors that follow from another rank's failure: lost connections, collective timeouts,
-# watchdog aborts, termination by the launcher after a peer died.
-CASCADE = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|ECONNREFUSED|"
-    r"Connection refused|timed out|[Tt]imeout|Watchdog caught|NCCL communicator was aborted|"
-    r"ProcessGroupNCCL.*abort|terminated by signal|SIGTERM|Terminated|forcing job termination|"
-    r"DistNetworkError|DistBackendError|Socket Timeout|ProcessGroupGloo.*(?:closed|reset)"
-)
-LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")
 
 
 @dataclass
@@ -44,12 +37,13 @@ class RankReport:
     node: int | None = None
     host: str = ""
     gpu: object = None
-    state: str = "unknown"  # running, completed, failed, killed, silent
+    state: str = "unknown"  # running, completed, failed, stalled, killed, silent
     last_step: int | None = None
     last_loss: float | None = None
     median_step_ms: float | None = None
     last_time: float | None = None
     attempts: int = 1
+    pid: int | None = None
     error: str | None = None
     error_time: float | None = None
     frames: list[str] = field(default_factory=list)
@@ -68,6 +62,8 @@ class Report:
     cascade: dict[str, list[int]]
     stragglers: list[int]
     running: bool
+    hang: dict | None = None
+    flight_recorder: dict | None = None
 
     @property
     def completed(self) -> int:
@@ -75,7 +71,7 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return any(r.state in ("failed", "killed") for r in self.ranks)
+        return any(r.state in ("failed", "stalled", "killed") for r in self.ranks)
 
     def to_json(self) -> dict:
         ranks = []
@@ -92,6 +88,8 @@ class Report:
             "first_failure": self.first_failure,
             "cascade": self.cascade,
             "stragglers": self.stragglers,
+            "hang": self.hang,
+            "flight_recorder": self.flight_recorder,
         }
 
 
@@ -141,7 +139,7 @@ def scan_log(path: Path, completed: bool = False) -> dict:
     """First error (time, exception, frames), signal evidence and the last line's time.
 
     Byte searches over an mmap (C speed); a completed rank needs only its last line."""
-    out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None}
+    out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None, "stalled": None}
     if not path.exists() or path.stat().st_size == 0:
         return out
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -154,6 +152,9 @@ def scan_log(path: Path, completed: bool = False) -> dict:
             block_end = buf.find(b"\n\n", pos)
             tail = bytes(buf[pos : block_end if block_end != -1 else min(len(buf), pos + 20000)])
             out["error"], out["frames"] = parse_traceback(tail.decode(errors="replace"))
+        stall = buf.find(STALL_DUMP)
+        if stall != -1:  # the watchdog's dump: "Timeout (0:00:12.500000)!" then the threads
+            out["stalled"] = line_at(buf, stall).decode(errors="replace").strip()
         dump = buf.find(FAULT_DUMP)
         if dump != -1:
             block = bytes(buf[dump : dump + 4000]).decode(errors="replace")
@@ -228,6 +229,7 @@ def inspect(
                 if rec.get("event") == "start":
                     env = rec.get("env", {})
                     rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
+                    rep.pid = rec.get("pid")
                     final = False
                 elif rec.get("event") == "step":
                     rep.last_step, final = rec["step"], bool(rec.get("final"))
@@ -247,6 +249,10 @@ def inspect(
             rep.state = "completed"
         elif rep.error:
             rep.state = "failed"
+        elif scan["stalled"]:
+            rep.state = "stalled"
+            rep.error = f"stall watchdog: no step completed in time ({scan['stalled']})"
+            rep.error_time = rep.last_time
         elif running and rep.last_time and now - rep.last_time > silent_after_s:
             rep.state = "silent"
             rep.frames = scan.get("dump_frames", [])
@@ -258,21 +264,36 @@ def inspect(
             rep.error_time = rep.last_time
             rep.frames = scan.get("dump_frames", [])
         reports.append(rep)
-    first, cascade = triage(reports)
+    hang = find_hang(reports)
+    first, cascade = triage(reports, hang)
     stragglers = find_stragglers(reports, straggler_margin)
-    return Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running))
+    recorder = stacks.flight_recorder(job_dir)
+    return Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder)
 
 
-def triage(reports: list[RankReport]) -> tuple[dict | None, dict[str, list[int]]]:
-    """The first failure by time; the other ranks' errors grouped as its cascade."""
-    candidates = [r for r in reports if r.state in ("failed", "killed", "silent")]
+def find_hang(reports: list[RankReport]) -> dict | None:
+    """The hang verdict (cluster.stacks) when a rank stalled or an error says hang."""
+    ended = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent")]
+    errors = {r.rank: r.error for r in ended if r.error and r.state == "failed"}  # exceptions only
+    if not any(r.state == "stalled" for r in ended) and not any(stacks.HANG_ERROR.search(e) for e in errors.values()):
+        return None
+    found = {r.rank: stacks.last_stack(Path(r.log)) for r in ended if r.log}
+    return stacks.classify({k: v for k, v in found.items() if v is not None}, errors)
+
+
+def triage(reports: list[RankReport], hang: dict | None = None) -> tuple[dict | None, dict[str, list[int]]]:
+    """The first failure by time (in a hang: its culprit); the other ranks' errors grouped
+    as its cascade."""
+    culprits = set(hang["culprits"]) if hang else set()
+    candidates = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent") or r.rank in culprits]
     if not candidates:
         return None, {}
 
     def key(r: RankReport):
         # Root causes before cascade errors; then by time; a silent rank by its lowest step.
         is_cascade = bool(r.error and CASCADE.search(r.error)) and r.state == "failed"
-        return (is_cascade, r.error_time or r.last_time or float("inf"), r.last_step or 0, r.rank)
+        when = r.error_time or r.last_time or float("inf")
+        return (r.rank not in culprits, is_cascade, when, r.last_step or 0, r.rank)
 
     candidates.sort(key=key)
     first = candidates[0]
@@ -281,6 +302,8 @@ def triage(reports: list[RankReport]) -> tuple[dict | None, dict[str, list[int]]
         r.cascade = True
         label = summarize_error(r)
         cascade.setdefault(label, []).append(r.rank)
+    if first.rank in culprits:
+        first.error, first.frames = hang_error(first, hang)
     failure = {
         "rank": first.rank,
         "node": first.node,
@@ -293,14 +316,29 @@ def triage(reports: list[RankReport]) -> tuple[dict | None, dict[str, list[int]]
         "last_step": first.last_step,
         "log": first.log,
     }
-    return failure, cascade
+    return failure, {label: sorted(ranks) for label, ranks in cascade.items()}
+
+
+def hang_error(r: RankReport, hang: dict) -> tuple[str, list[str]]:
+    """The culprit's error line and its stack (outermost first, like a traceback)."""
+    stack = stacks.last_stack(Path(r.log)) if r.log else None
+    where = stack.where() if stack else f"({r.state}, no stack in its log yet)"
+    error = f"hang: rank {r.rank} {where}"
+    if hang.get("message"):
+        error += f"; torch: {hang['message']}"
+    elif hang.get("reason"):
+        error += f" ({hang['reason']})"
+    frames = [f.label() for f in reversed(stack.frames) if f.project] if stack else r.frames
+    return error, frames
 
 
 def summarize_error(r: RankReport) -> str:
+    if r.state == "stalled":
+        return "stall watchdog fired"
     if r.state == "silent":
         return "silent (waiting for the failed rank?)"
     text = r.error or r.state
-    m = CASCADE.search(text)
+    m = stacks.DETAIL_LABEL.search(text) or CASCADE.search(text)
     return m.group(0) if m else text[:120]
 
 
@@ -362,23 +400,26 @@ def format_report(report: Report, limit: int = 64) -> str:
             lines.append(f"cascade ({sum(len(v) for v in report.cascade.values())} ranks, consequences of the above):")
             for label, ranks in report.cascade.items():
                 lines.append(f"  {len(ranks):>4} x {label}: ranks {compress(ranks)}")
+    if report.hang:
+        culprits = report.hang["culprits"]
+        lines.append("")
+        lines.append(
+            f"HANG: culprit rank(s) {compress(culprits)} ({report.hang['reason'] or 'see groups'})"
+            if culprits
+            else "HANG: no rank stands out (every rank stopped in the same place); see the groups"
+        )
+        lines.append("  where each rank stopped: " + stacks.describe_groups(report.hang["groups"]))
+    if report.flight_recorder and report.flight_recorder.get("behind"):
+        fr = report.flight_recorder
+        lines.append(
+            f"NCCL flight recorder: last collective #{fr['max_seq']} on most ranks; "
+            f"behind: {', '.join(f'rank {r} at #{n}' for r, n in fr['behind'].items())}"
+        )
     if report.stragglers:
         lines.append(
             f"stragglers (median step time > median of all ranks + margin): ranks {compress(report.stragglers)}"
         )
     return "\n".join(lines)
-
-
-def compress(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ",".join(out)
 
 
 def plot_step_times(report: Report, path: str | Path) -> None:

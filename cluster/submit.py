@@ -186,3 +186,24 @@ def cancel(cluster: str, job_id: str) -> None:
         os.kill(int(job_id), signal.SIGINT)
     else:
         subprocess.run(["scancel", job_id], check=True)
+
+
+def signal_ranks(cluster: str, job_id: str, pids: list[int], sig: signal.Signals) -> None:
+    """Send ``sig`` to every rank of a running job: on SLURM to every task of its steps
+    (scancel leaves the batch shell alone), locally to the ranks' processes."""
+    if cluster == "local":
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    else:
+        subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job_id], check=True)
+
+
+def native_stack(cluster: str, job_id: str, host: str, pid: int) -> str:
+    """py-spy's dump with native frames of one rank (needs ptrace: in a container, run it
+    with the SYS_PTRACE capability). On SLURM it runs on the rank's node inside the job."""
+    cmd = ["py-spy", "dump", "--native", "--pid", str(pid)]
+    if cluster != "local":
+        cmd = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}", *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return done.stdout if done.returncode == 0 else f"py-spy failed ({done.returncode}): {done.stderr.strip()}"

@@ -4,6 +4,7 @@
 root); where it cannot work (not root, no apt) these tests skip with the printed reason.
 """
 
+import json
 import subprocess
 import time
 
@@ -115,6 +116,35 @@ def test_sigkill_ends_the_job_within_60_s(tmp_path):
     assert slurm_state(info["job_id"]).startswith(("FAILED", "CANCELLED"))
     code, report = logs_json(job_dir)
     assert code.returncode == 1 and report["first_failure"]["rank"] == 2
+
+
+def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path):
+    """Rank 2 (node 1) hangs at step 20. While the job runs, a snapshot (scancel --signal)
+    names it and the job goes on; then the stall watchdog ends the job and the inspector
+    names rank 2, not the waiting rank whose error came first."""
+    from cluster.submit import TERMINAL, slurm_state
+
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
+                          "train.log_every=5", "train.hang_at_step=20", "train.hang_rank=2",
+                          "train.stall_timeout_s=20", wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "multi-node" / info["job_id"]
+    try:
+        wait_for_step(job_dir, 0, 15)
+        hung_at = time.time()
+        time.sleep(2)
+        snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+        assert snap.returncode == 0, snap.stderr
+        assert json.loads(snap.stdout)["culprits"] == [2]
+        assert slurm_state(info["job_id"]) == "RUNNING"
+        while (slurm_state(info["job_id"]) or "GONE").split()[0] not in (*TERMINAL, "GONE"):
+            assert time.time() - hung_at < 60, "the hung job outlived its stall watchdog"
+            time.sleep(1)
+    finally:
+        subprocess.run(["scancel", info["job_id"]], check=False)
+    code, report = logs_json(job_dir)
+    assert code.returncode == 1 and report["first_failure"]["rank"] == 2
+    assert report["first_failure"]["node"] == 1 and report["hang"]["culprits"] == [2]
 
 
 def final_params(ckpt) -> dict:

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from train.config import Config, ConfigError, load
+from train.config import Config, ConfigError, TrainConfig, load
 from train.data import ShardedSampler, make_dataset
 from train.dist_env import DistEnv
+from train.hangs import StallWatchdog
 from train.loop import run
 from train.model import build_mlp
 from train.parallel.mesh import SINGLE_PROCESS
@@ -74,9 +75,42 @@ def last_records(run_dir: Path, nprocs: int) -> list[dict]:
 
 
 def parse_label(label: str) -> tuple[str, list[str]]:
-    """ "fsdp@tp2" -> ("fsdp", ["parallel.tp=2"]): a contender with its own tensor dimension."""
+    """A contender with its own settings: "fsdp@tp2" -> ("fsdp", ["parallel.tp=2"]);
+    "single@nostall" -> ("single", ["train.stall_timeout_s=0"]), the loop without its watchdog."""
     name, _, suffix = label.partition("@")
-    return name, [f"parallel.tp={suffix[2:]}"] if suffix.startswith("tp") else []
+    if suffix.startswith("tp"):
+        return name, [f"parallel.tp={suffix[2:]}"]
+    return name, ["train.stall_timeout_s=0"] if suffix == "nostall" else []
+
+
+def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s, calls: int = 200_000) -> dict:
+    """The stall watchdog's cost per step, measured directly (an interleaved comparison of
+    two runs cannot resolve 1% on a noisy machine): one clock read per step, plus one
+    re-arming of faulthandler's timer per quarter of the timeout."""
+    watchdog = StallWatchdog(timeout_s)
+    watchdog.start()
+    start = time.perf_counter()
+    for _ in range(calls):
+        watchdog.progress()
+    progress_s = (time.perf_counter() - start) / calls
+    start = time.perf_counter()
+    for _ in range(200):
+        watchdog.arm(time.monotonic())
+    arm_s = (time.perf_counter() - start) / 200
+    watchdog.stop()
+    step_s = step_ms / 1e3
+    per_step = progress_s + arm_s * step_s / watchdog.rearm_s
+    return {"progress_us": progress_s * 1e6, "rearm_us": arm_s * 1e6, "percent_of_step": 100 * per_step / step_s}
+
+
+def launch(nprocs: int, args: list[str], port: int, run_dir: Path) -> list[dict]:
+    """Train in ``nprocs`` fresh processes under torchrun; every rank's last step record."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
+    cmd += [f"--master-port={port}", "-m", "train", *args, f"train.run_dir={run_dir}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(args)} x{nprocs} failed:\n{done.stderr[-3000:]}")
+    return last_records(run_dir, nprocs)
 
 
 def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int) -> dict:
@@ -90,12 +124,7 @@ def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int
         if nprocs == 1:
             record = run(load(Config, None, args), DistEnv(), quiet=True)
             return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes")}
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
-        cmd += [f"--master-port={port}", "-m", "train", *args]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{strategy} x{nprocs} failed:\n{done.stderr[-3000:]}")
-        records = last_records(Path(tmp), nprocs)
+        records = launch(nprocs, args, port, Path(tmp))
         return {
             "step_ms": records[0]["step_ms"],
             "samples_per_s": records[0]["samples_per_s"],
@@ -149,11 +178,21 @@ def ratio(result: dict, a: str, b: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.bench", description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["scaling"]:  # the scaling study: its own options (train/scaling.py)
+        from train.scaling import main as scaling_main
+
+        return scaling_main(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="python -m train.bench",
+        description=__doc__.split("\n\n")[0],
+        epilog="python -m train.bench scaling --help: the scaling study (model size x data size x ranks)",
+    )
     parser.add_argument(
         "--strategies",
-        default="single,minimal",
-        help="comma-separated; minimal = the hand-written loop; name@tpN sets parallel.tp=N (e.g. fsdp@tp2)",
+        default="single,single@nostall,minimal",
+        help="comma-separated; minimal = the hand-written loop; name@tpN sets parallel.tp=N (e.g. fsdp@tp2); "
+        "name@nostall turns the stall watchdog off",
     )
     parser.add_argument("--nprocs", type=int, default=1, help="ranks per multi-process strategy (torchrun)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
@@ -173,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     result = benchmark(strategies, args.nprocs, args.rounds, args.steps, args.overrides, progress=log)
+    result["watchdog"] = watchdog_cost(result["runs"][0]["step_ms"])
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -183,6 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['strategy']:<14} {r['nprocs']:>6} {r['samples_per_s']:>12,.0f} {r['step_ms']:>9.3f} "
             f"{r['samples_per_s'] / base:>9.3f}"
         )
+    w = result["watchdog"]
+    print(
+        f"\nstall watchdog: {w['progress_us']:.3f} us per step + {w['rearm_us']:.1f} us per re-arming "
+        f"(every {TrainConfig.stall_timeout_s / 4:g} s) = {w['percent_of_step']:.4f}% of a "
+        f"{result['runs'][0]['step_ms']:.3f} ms step of {result['runs'][0]['strategy']}"
+    )
     return 0
 
 

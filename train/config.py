@@ -94,13 +94,29 @@ class TrainConfig:
     timeout_s: float = 300.0
     check_sync: bool = False
     ckpt_every: int = 0
-    # Debugging aid: raise on rank ``fail_rank`` when step ``fail_at_step`` starts.
+    # Stall watchdog: a rank that completes no step for this long writes every thread's
+    # stack to its log and exits 1, so the job ends long before the collective timeout.
+    # 0 turns it off. It must exceed the longest step, evaluation or checkpoint save.
+    stall_timeout_s: float = 180.0
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL on every rank: collectives are checked for matching
+    # shapes and a monitored barrier names ranks that never arrive (slow; for debugging).
+    debug_collectives: bool = False
+    # Failures made on purpose (see train/faults.py): raise on rank ``fail_rank`` when step
+    # ``fail_at_step`` starts; loop forever on ``hang_rank`` at ``hang_at_step``; one extra
+    # all_reduce of another shape on ``extra_collective_rank`` at ``extra_collective_at_step``.
     fail_at_step: int | None = None
     fail_rank: int = 0
+    hang_at_step: int | None = None
+    hang_rank: int = 0
+    extra_collective_rank: int | None = None
+    extra_collective_at_step: int = 1
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "steps", "batch_size", "grad_accum", "log_every", "eval_every")
-        require_positive(self, prefix, "ckpt_every", "fail_rank", minimum=0)
+        require_positive(self, prefix, "extra_collective_at_step")
+        require_positive(
+            self, prefix, "ckpt_every", "fail_rank", "hang_rank", "extra_collective_rank", "stall_timeout_s", minimum=0
+        )
         if self.timeout_s <= 0:
             raise ConfigError(f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s!r}")
 

@@ -12,20 +12,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train import checkpoint
+from train import checkpoint, faults
 from train.config import Config, ConfigError, to_dict
 from train.data import BatchLoader, ShardedSampler, make_dataset
 from train.dist_env import DistEnv
+from train.hangs import StallWatchdog
 from train.model import build_mlp, parameter_count
 from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
 from train.preempt import PreemptFlag
 from train.records import RecordWriter
-
-
-class DeliberateFailure(RuntimeError):
-    """Raised by ``train.fail_at_step`` so that failures can be made on purpose."""
 
 
 def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
@@ -36,16 +33,24 @@ def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
     return lambda: torch.autocast(device.type, dtype=dtype)
 
 
-def check_precision(cfg: Config, device: torch.device) -> None:
+def check_supported(cfg: Config, device: torch.device) -> None:
+    """Combinations that cannot work here: exit 2 on every rank, before training."""
     if cfg.train.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision", "fp16 (with a GradScaler) needs CUDA; use bf16 on the CPU")
+    if cfg.train.debug_collectives and cfg.parallel.strategy == "ddp" and device.type == "cpu":
+        raise ConfigError(
+            "train.debug_collectives",
+            "torch's DistributedDataParallel crashes (SIGSEGV while logging its construction) under "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo (measured with torch 2.13); debug with "
+            "parallel.strategy=ddp_naive or ddp_bucketed (the same mathematics)",
+        )
     if cfg.train.ckpt_every and cfg.parallel.strategy == "zero1":
         raise ConfigError("train.ckpt_every", "checkpoints of zero1's sharded optimizer are not supported yet")
 
 
 def setup(cfg: Config, env: DistEnv) -> tuple[Trainable, Context]:
     device = torch.device(env.device)
-    check_precision(cfg, device)
+    check_supported(cfg, device)
     dims = resolve_dims(cfg.parallel, cfg.model, env.world_size, env.local_world_size)
     ctx = Context(cfg, env, device, dims, dims.build_mesh(device.type))
     torch.manual_seed(cfg.train.seed)
@@ -169,10 +174,13 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     progress = Progress(ctx.device, t.batch_size)
     record: dict = {}
     memory = None
+    if t.stall_timeout_s and not quiet:
+        print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
+    watchdog = StallWatchdog(t.stall_timeout_s)
+    watchdog.start()
     try:
         for step in range(start + 1, t.steps + 1):
-            if step == t.fail_at_step and env.rank == t.fail_rank:
-                raise DeliberateFailure(f"train.fail_at_step={step} on rank {env.rank}")
+            faults.inject(t, step, env.rank, ctx.device)
             for micro in range(t.grad_accum):
                 x, y = loader.get(sampler.indices(step - 1, micro))
                 inner = micro < t.grad_accum - 1
@@ -188,6 +196,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 memory = state_bytes(trainable)
             optimizer.zero_grad(set_to_none=True)
             progress.step_done()
+            watchdog.progress()
             last = step == t.steps
             if t.ckpt_every and (step % t.ckpt_every == 0 or last):
                 checkpoint.save(ckpt_dir, step, trainable, scaler)
@@ -220,6 +229,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             writer.write("step", **record)
             say(f"already complete at step {start}")
     finally:
+        watchdog.stop()
         writer.close()
     return record
 

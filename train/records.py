@@ -13,6 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# NCCL's flight recorder writes <prefix><rank> (a pickle) into the job's log directory.
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+
 STEP_FIELDS = ("step", "train_loss", "test_loss", "test_acc", "step_ms", "samples_per_s", "rank")
 
 

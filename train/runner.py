@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import faulthandler
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -13,6 +11,7 @@ import torch.distributed as dist
 
 from train.config import Config, ConfigError
 from train.dist_env import cpu_threads, from_environ, init_process_group
+from train.hangs import collective_checks, install_dumps
 from train.loop import run
 from train.output import redirect_to, timestamp_lines
 from train.preempt import requeue
@@ -30,12 +29,12 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
     if timestamps:
         timestamp_lines()
     # A rank killed by its launcher after a peer died (or stuck in a hang) writes where it was.
-    faulthandler.enable(file=sys.__stderr__)
-    faulthandler.register(signal.SIGTERM, file=sys.__stderr__, chain=True)
+    install_dumps()
     threads = cpu_threads(env)
     if threads:
         torch.set_num_threads(threads)
     if env.distributed:
+        collective_checks(cfg.train.debug_collectives, env.backend, cfg.train.run_dir)
         init_process_group(env, cfg.train.timeout_s)
     try:
         record = run(cfg, env)

@@ -1,0 +1,256 @@
+"""Hangs: which rank never reached the collective the others wait in, and where it was.
+
+In a hang the first error comes from a *waiting* rank (its collective times out, or its
+watchdog fires first), so "first error by time" names the wrong rank. The evidence that
+does name the culprit is each rank's last stack (faulthandler dumps from the stall
+watchdog, SIGTERM or a snapshot; or the traceback of its error) and torch's own messages
+under TORCH_DISTRIBUTED_DEBUG=DETAIL. Rules, in order:
+
+1. ranks that a "failed to pass monitoredBarrier" message names;
+2. the ranks whose collective differs from the majority's in "Detected mismatch between
+   collectives" messages;
+3. ranks whose last stack is not inside a collective while others' are;
+4. ranks whose innermost frame in the project's or user's code differs from the largest
+   group's (all in collectives, but different ones: control flow that skipped one).
+"""
+
+from __future__ import annotations
+
+import mmap
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.records import FLIGHT_RECORDER_PREFIX
+
+FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
+STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")
+LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")
+# Frames that mean "this rank is inside a collective": torch.distributed itself, and the
+# autograd engine, where DDP and FSDP run their reductions from backward hooks.
+COLLECTIVE_PATH = re.compile(r"torch/distributed/|torch/autograd/")
+TRACEBACK = b"Traceback (most recent call last):"
+DUMP_HEADER = b"(most recent call first):"
+STALL_MARK = "Timeout ("  # faulthandler's header for a timer dump: the stall watchdog fired
+BARRIER = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+MISMATCH = re.compile(
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+), TensorShape=\[([^\]]*)\]"
+)
+# Errors that follow from another rank's failure: lost connections, collective timeouts,
+# watchdog aborts, termination by the launcher after a peer died.
+CASCADE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|ECONNREFUSED|"
+    r"Connection refused|timed out|[Tt]imeout|Watchdog caught|NCCL communicator was aborted|"
+    r"ProcessGroupNCCL.*abort|terminated by signal|SIGTERM|Terminated|forcing job termination|"
+    r"DistNetworkError|DistBackendError|Socket Timeout|ProcessGroupGloo.*(?:closed|reset)"
+)
+# Labels for grouping the waiting ranks' own DETAIL-mode errors in a cascade.
+DETAIL_LABEL = re.compile(
+    r"Detected mismatch between collectives|(?:failed to pass|successfully reached) monitoredBarrier"
+)
+# Messages that make a failure a hang rather than a crash.
+HANG_ERROR = re.compile(r"monitoredBarrier|Detected mismatch between collectives|[Tt]imed out|Timeout|Watchdog caught")
+ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    func: str
+
+    @property
+    def project(self) -> bool:
+        return not LIBRARY_PATH.search(self.file)
+
+    def label(self) -> str:
+        return f"{self.file.removeprefix(ROOT)}:{self.line} in {self.func}"
+
+
+@dataclass
+class Stack:
+    frames: list[Frame]  # innermost first
+    kind: str  # "stall" (watchdog), "dump" (signal or snapshot) or "traceback"
+
+    def innermost_project(self) -> Frame | None:
+        return next((f for f in self.frames if f.project), None)
+
+    def waiting_in(self) -> str | None:
+        """The collective this stack waits in (None: not inside one, as far as frames show)."""
+        inside = [f for f in self.frames if COLLECTIVE_PATH.search(f.file)]
+        if not inside:
+            return None
+        if any("torch/autograd/" in f.file for f in inside):
+            return "backward"
+        api = [f for f in inside if f.file.endswith("distributed_c10d.py")]
+        return (api or inside)[-1].func  # the outermost: the call the code made
+
+    def where(self) -> str:
+        frame = self.innermost_project()
+        at = frame.label() if frame else (self.frames[0].label() if self.frames else "?")
+        waiting = self.waiting_in()
+        return f"waiting in {waiting} at {at}" if waiting else f"at {at}"
+
+
+def _frames(lines: list[str]) -> list[Frame]:
+    return [Frame(m["file"], int(m["line"]), m["func"]) for s in lines if (m := FRAME.search(s))]
+
+
+def last_dump(text: str) -> tuple[list[Frame], bool]:
+    """The main thread's frames in the last faulthandler dump of ``text`` (a run of unstamped
+    lines, possibly several dumps: a snapshot after a snapshot), and whether the stall
+    watchdog wrote it (its "Timeout (...)!" line comes first)."""
+    blocks: list[tuple[str, bool, list[str]]] = []  # (thread id, after a Timeout line, frame lines)
+    previous = ""
+    for line in text.splitlines():
+        if line.endswith("(most recent call first):"):
+            blocks.append((line.split()[-5], previous.startswith(STALL_MARK), []))
+        elif blocks and line.startswith("  File "):
+            blocks[-1][2].append(line)
+        if line.strip():
+            previous = line
+    dump: list[tuple[str, bool, list[str]]] = []
+    for block in reversed(blocks):  # a thread id seen again starts the dump before
+        if any(block[0] == b[0] for b in dump):
+            break
+        dump.insert(0, block)
+    if not dump:
+        return [], False
+    threads = [_frames(lines) for _, _, lines in dump]
+    # The training thread: not one started by ``threading`` (outermost frame ``_bootstrap``).
+    mains = [frames for frames in threads if frames and frames[-1].func != "_bootstrap"]
+    return (mains or threads)[-1], dump[0][1]
+
+
+def last_stack(path: Path, since: int = 0) -> Stack | None:
+    """The last stack a rank's log holds: a faulthandler dump or a traceback, whichever is
+    later; None when there is none at or after byte ``since`` (a snapshot's new dump)."""
+    if not path.exists() or path.stat().st_size <= since:
+        return None
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        dump, trace = buf.rfind(DUMP_HEADER, since), buf.rfind(TRACEBACK, since)
+        if dump == -1 and trace == -1:
+            return None
+        if dump > trace:
+            # A dump is one run of unstamped lines: walk back to its first header.
+            start = buf.rfind(b"\n", 0, dump) + 1
+            while start > 0:
+                prev = buf.rfind(b"\n", 0, start - 1) + 1
+                line = bytes(buf[prev : start - 1]).decode(errors="replace")
+                if STAMP.match(line):
+                    break
+                start = prev
+            frames, stalled = last_dump(bytes(buf[start : len(buf)]).decode(errors="replace"))
+            return Stack(frames, "stall" if stalled else "dump")
+        text = bytes(buf[trace : trace + 200_000]).decode(errors="replace")
+    lines = []
+    for line in text.splitlines()[1:]:
+        line = STAMP.sub("", line)
+        if line and not line[0].isspace():
+            break  # the exception line ends the traceback
+        lines.append(line)
+    return Stack(_frames(lines)[::-1], "traceback")
+
+
+def group_by_frame(stacks: dict[int, Stack]) -> list[dict]:
+    """Ranks grouped by where they are; the largest group first."""
+    groups: dict[str, list[int]] = {}
+    for rank, stack in sorted(stacks.items()):
+        groups.setdefault(stack.where(), []).append(rank)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    return [{"frame": where, "ranks": ranks, "waiting": where.startswith("waiting")} for where, ranks in ordered]
+
+
+def named_by_messages(errors: dict[int, str]) -> tuple[list[int], str | None]:
+    """Culprits that torch's DETAIL checks name, and what they say, in short."""
+    for text in errors.values():
+        if m := BARRIER.search(text):
+            return sorted(int(r) for r in re.findall(r"\d+", m.group(1))), m.group(0)
+    fingerprints: dict[int, str] = {}
+    for text in errors.values():
+        for rank, op, shape in MISMATCH.findall(text):
+            fingerprints[int(rank)] = f"{op} of shape [{shape}]"
+    if not fingerprints:
+        return [], None
+    by_print: dict[str, list[int]] = {}
+    for rank, fp in sorted(fingerprints.items()):
+        by_print.setdefault(fp, []).append(rank)
+    top = max(len(ranks) for ranks in by_print.values())
+    majority = [fp for fp, ranks in by_print.items() if len(ranks) == top]
+    # A tie (two ranks, one each) names both: the messages alone cannot tell them apart.
+    culprits = [r for fp, ranks in by_print.items() if len(majority) > 1 or fp not in majority for r in ranks]
+    said = "; ".join(f"rank(s) {compress(ranks)} ran {fp}" for fp, ranks in by_print.items())
+    return sorted(culprits), f"Detected mismatch between collectives: {said}"
+
+
+def classify(stacks: dict[int, Stack], errors: dict[int, str], snapshot: bool = False) -> dict | None:
+    """The hang verdict, or None when the evidence is not that of a hang.
+
+    ``errors``: each failed rank's error line. A rank whose error is a consequence of a
+    peer's failure (a lost connection, a timeout) was inside a collective when it failed,
+    even where no torch frame shows it (a ``work.wait()`` is C++). ``snapshot``: the stacks
+    of a running job, a verdict whatever the errors."""
+    stalled = [r for r, s in stacks.items() if s.kind == "stall"]
+    hang_errors = {r: e for r, e in errors.items() if HANG_ERROR.search(e)}
+    if not stalled and not hang_errors and not snapshot:
+        return None
+    groups = group_by_frame(stacks)
+    culprits, message = named_by_messages(hang_errors)
+    reason = "torch's collective checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)" if culprits else ""
+    if not culprits:
+        waiting = {r for r, s in stacks.items() if s.waiting_in() or CASCADE.search(errors.get(r, ""))}
+        elsewhere = sorted(set(stacks) - waiting)
+        if waiting and elsewhere and len(elsewhere) < len(waiting):
+            culprits, reason = elsewhere, "the only rank(s) not inside a collective"
+        elif len(groups) > 1 and len(groups[0]["ranks"]) > len(groups[1]["ranks"]):
+            culprits = sorted(r for g in groups[1:] for r in g["ranks"])
+            reason = "stopped where the majority did not"
+    return {
+        "culprits": culprits,
+        "groups": groups,
+        "reason": reason,
+        "message": message,
+        "stalled": sorted(stalled),
+    }
+
+
+def describe_groups(groups: list[dict]) -> str:
+    """'3 ranks waiting in backward at train/loop.py:141 in forward_backward; rank 2 at ...'"""
+    parts = []
+    for g in groups:
+        n = len(g["ranks"])
+        who = f"rank {g['ranks'][0]}" if n == 1 else f"{n} ranks ({compress(g['ranks'])})"
+        parts.append(f"{who} {g['frame']}")
+    return "; ".join(parts)
+
+
+def compress(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(out)
+
+
+def flight_recorder(job_dir: Path) -> dict | None:
+    """NCCL's flight-recorder dumps (one pickle per rank, written by torch on a collective
+    timeout, see ``train.hangs.collective_checks``): each rank's last collective sequence
+    number. Ranks behind the others never issued the collective the others wait in.
+    (The files are the job's own, written by its ranks; torch's fr_trace reads them alike.)"""
+    last: dict[int, int] = {}
+    for path in sorted(job_dir.glob(FLIGHT_RECORDER_PREFIX + "*")):
+        try:
+            rank = int(path.name[len(FLIGHT_RECORDER_PREFIX) :])
+            entries = pickle.loads(path.read_bytes()).get("entries", [])
+        except (ValueError, OSError, pickle.UnpicklingError, EOFError, AttributeError):
+            continue
+        last[rank] = max((int(e.get("collective_seq_id", 0)) for e in entries), default=0)
+    if not last:
+        return None
+    top = max(last.values())
+    return {"last_seq": last, "max_seq": top, "behind": {r: n for r, n in sorted(last.items()) if n < top}}

@@ -1,0 +1,244 @@
+"""Hangs: stacks in every rank's log, the stall watchdog, and the inspector's culprit.
+
+Unit tests use log text shaped exactly like real faulthandler dumps and tracebacks (copied
+from real runs); the slow ones make real hangs with the training module's debug switches.
+"""
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cluster import stacks
+from cluster.logs import inspect
+from tests.conftest import ROOT, run_module
+from tests.jobs_helpers import logs_json, submit, wait_for_step
+from train.records import FLIGHT_RECORDER_PREFIX
+
+SITE = "/venv/lib/python3.11/site-packages"
+OUTER = [
+    '  File "/kit/train/loop.py", line 121 in run',
+    '  File "/kit/train/runner.py", line 40 in run_rank',
+    f'  File "{SITE}/submitit/core/_submit.py", line 11 in <module>',
+    '  File "<frozen runpy>", line 198 in _run_module_as_main',
+]
+WAITING = [
+    f'  File "{SITE}/torch/autograd/graph.py", line 979 in _engine_run_backward',
+    f'  File "{SITE}/torch/_tensor.py", line 623 in backward',
+    '  File "/kit/train/loop.py", line 141 in forward_backward',
+    '  File "/kit/train/loop.py", line 180 in train',
+]
+HUNG = ['  File "/kit/train/faults.py", line 24 in hang_here', '  File "/kit/train/loop.py", line 175 in train']
+HELPER_THREAD = [
+    f'  File "{SITE}/../threading.py", line 320 in wait',
+    '  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap',
+]
+
+
+def dump(frames: list[str], header: str = "", helper: bool = True) -> str:
+    """A faulthandler dump: optional "Timeout (...)!" line, a helper thread, the main thread."""
+    lines = [header] if header else []
+    if helper:
+        lines += ["Thread 0x00007f20e1e3cb81 (most recent call first):", *HELPER_THREAD, ""]
+    lines += ["Thread 0x00007f20e1e3cb80 (most recent call first):", *frames, *OUTER, ""]
+    return "\n".join(lines) + "\n"
+
+
+def log(path: Path, *chunks: str) -> Path:
+    text = "2026-01-01T12:00:00.000 rank 0/4 on node0\n2026-01-01T12:00:01.000 step 15/100 ...\n"
+    path.write_text(text + "".join(chunks))
+    return path
+
+
+def test_last_stack_reads_the_main_thread_of_a_watchdog_dump(tmp_path):
+    stack = stacks.last_stack(log(tmp_path / "r.log", dump(HUNG, "Timeout (0:00:12.500000)!")))
+    assert stack.kind == "stall"
+    assert stack.frames[0] == stacks.Frame("/kit/train/faults.py", 24, "hang_here")
+    assert stack.waiting_in() is None and stack.where() == "at /kit/train/faults.py:24 in hang_here"
+
+
+def test_last_stack_of_a_traceback_is_innermost_first_and_sees_the_collective(tmp_path):
+    tb = (
+        "2026-01-01T12:00:02.000 Traceback (most recent call last):\n"
+        '2026-01-01T12:00:02.000   File "/kit/train/loop.py", line 189, in train\n'
+        "2026-01-01T12:00:02.000     trainable.finish_grads()\n"
+        f'2026-01-01T12:00:02.000   File "{SITE}/torch/distributed/distributed_c10d.py", line 3245, in all_reduce\n'
+        "2026-01-01T12:00:02.000     work = group.allreduce([tensor], opts)\n"
+        f'2026-01-01T12:00:02.000   File "{SITE}/torch/distributed/c10d_logger.py", line 83, in wrapper\n'
+        "2026-01-01T12:00:02.000 RuntimeError: Connection closed by peer\n"
+    )
+    stack = stacks.last_stack(log(tmp_path / "r.log", dump(HUNG, "Timeout (0:00:10)!"), tb))
+    assert stack.kind == "traceback" and stack.frames[-1].func == "train"
+    assert stack.waiting_in() == "all_reduce"  # the API the code called, not torch's logging wrapper
+    assert stack.where() == "waiting in all_reduce at /kit/train/loop.py:189 in train"
+
+
+def test_snapshot_offset_ignores_older_dumps(tmp_path):
+    path = log(tmp_path / "r.log", dump(WAITING))
+    assert stacks.last_stack(path, since=path.stat().st_size) is None
+    with path.open("a") as f:
+        f.write(dump(HUNG, helper=False))
+    assert stacks.last_stack(path).frames[0].func == "hang_here"
+
+
+@pytest.mark.parametrize(
+    "where, errors, culprits, reason",
+    [
+        # watchdog stall: the only rank outside a collective
+        ({0: WAITING, 1: WAITING, 2: HUNG, 3: WAITING}, {}, [2], "not inside a collective"),
+        # ranks 0,1 died of the cascade (their error says so, no torch frame needed)
+        (
+            {0: HUNG[:1], 1: HUNG[:1], 2: HUNG, 3: WAITING},
+            {0: "Connection closed by peer", 1: "Connection closed by peer"},
+            [2],
+            "not inside a collective",
+        ),  # fmt: skip
+        # all in collectives, one in another one: the minority frame
+        (
+            {0: WAITING, 1: WAITING, 2: WAITING[:2] + ['  File "/kit/train/loop.py", line 99 in flush'], 3: WAITING},
+            {},
+            [2],
+            "majority",
+        ),  # fmt: skip
+        # torch's monitored barrier names the rank, whatever the stacks say
+        (
+            {0: WAITING, 1: WAITING},
+            {0: "RuntimeError: [Rank 0]: Ranks 3, 5 failed to pass monitoredBarrier in 15000 ms"},
+            [3, 5],
+            "TORCH_DISTRIBUTED_DEBUG",
+        ),  # fmt: skip
+    ],
+)
+def test_classify_names_the_culprit(tmp_path, where, errors, culprits, reason):
+    found = {}
+    for rank, frames in where.items():
+        found[rank] = stacks.last_stack(log(tmp_path / f"{rank}.log", dump(frames, "Timeout (0:00:10)!")))
+    verdict = stacks.classify(found, errors)
+    assert verdict["culprits"] == culprits and reason in verdict["reason"]
+
+
+def fingerprint(rank: int, shape: str) -> str:
+    return (
+        f"Rank {rank} is running collective: CollectiveFingerPrint(SequenceNumber=81, OpType=ALLREDUCE, "
+        f"TensorShape=[{shape}], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float))"
+    )
+
+
+def test_mismatch_names_the_minority_and_a_tie_names_both():
+    big, odd = "256, 1024", "3, 3"
+    errors = {r: f"RuntimeError: Detected mismatch between collectives on ranks. {fingerprint(r, big)}, but "
+                 f"{fingerprint(1, odd)}" for r in (0, 2, 3)}  # fmt: skip
+    errors[1] = (
+        f"RuntimeError: Detected mismatch between collectives on ranks. {fingerprint(1, odd)}, but {fingerprint(0, big)}"
+    )
+    culprits, message = stacks.named_by_messages(errors)
+    assert culprits == [1] and "rank(s) 1 ran ALLREDUCE of shape [3, 3]" in message
+    two = {0: f"Detected mismatch between collectives on ranks. {fingerprint(0, big)}, but {fingerprint(1, odd)}"}
+    assert stacks.named_by_messages(two)[0] == [0, 1]
+
+
+def test_no_verdict_for_an_ordinary_crash(tmp_path):
+    found = {0: stacks.last_stack(log(tmp_path / "0.log", dump(WAITING)))}
+    assert stacks.classify(found, {0: "ValueError: shapes do not match"}) is None
+
+
+def test_flight_recorder_names_ranks_behind(tmp_path):
+    for rank, seq in [(0, 12), (1, 12), (2, 11), (3, 12)]:
+        entries = [{"collective_seq_id": s, "profiling_name": "nccl:all_reduce"} for s in range(1, seq + 1)]
+        (tmp_path / f"{FLIGHT_RECORDER_PREFIX}{rank}").write_bytes(pickle.dumps({"entries": entries}))
+    assert stacks.flight_recorder(tmp_path) == {
+        "last_seq": {0: 12, 1: 12, 2: 11, 3: 12},
+        "max_seq": 12,
+        "behind": {2: 11},
+    }
+
+
+def test_inspector_report_of_a_synthetic_stall(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    for rank in range(4):
+        log(job / f"rank_{rank:05d}.log", dump(HUNG if rank == 2 else WAITING, "Timeout (0:00:12.500000)!"))
+    report = inspect(job, running=False)
+    assert [r.state for r in report.ranks] == ["stalled"] * 4
+    assert report.first_failure["rank"] == 2 and "hang_here" in report.first_failure["error"]
+    assert report.hang["culprits"] == [2]
+    assert [g["ranks"] for g in report.hang["groups"]] == [[0, 1, 3], [2]]
+    assert report.cascade == {"stall watchdog fired": [0, 1, 3]}
+
+
+@pytest.mark.slow
+def test_watchdog_fires_while_the_main_thread_holds_the_gil_in_c():
+    """A catastrophic regex runs in C without releasing the GIL: no Python thread could run,
+    faulthandler's C timer still dumps and exits."""
+    code = (
+        "import re, sys\n"
+        "from train.hangs import StallWatchdog\n"
+        "w = StallWatchdog(1.0)\n"
+        "w.start()\n"
+        "def stuck_in_c():\n"
+        "    re.match(r'(a|aa)+$', 'a' * 60 + 'b')\n"
+        "stuck_in_c()\n"
+    )
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and time.monotonic() - start < 20
+    assert "Timeout (0:00:01.250000)!" in done.stderr and "in stuck_in_c" in done.stderr
+
+
+# ----------------------------------------------------------------------------- real hangs
+HANG = ["train.steps=100000", "train.log_every=5", "train.hang_at_step=20", "train.hang_rank=2"]
+
+
+@pytest.mark.slow
+def test_local_hang_ends_fast_and_names_the_stuck_rank(tmp_path):
+    start = time.monotonic()
+    result, info = submit("jobs/local.yaml", tmp_path, *HANG, "train.stall_timeout_s=10", timeout=120)
+    took = time.monotonic() - start
+    assert result.returncode == 1 and took < 60, (took, result.stderr[-2000:])
+    code, report = logs_json(tmp_path / "local" / info["job_id"])
+    assert code.returncode == 1
+    assert report["first_failure"]["rank"] == 2 and "hang_here" in report["first_failure"]["error"]
+    assert report["hang"]["culprits"] == [2]
+    assert any(g["ranks"] == [2] and "hang_here" in g["frame"] for g in report["hang"]["groups"])
+
+
+@pytest.mark.slow
+def test_extra_collective_is_named_by_torchs_mismatch_check(tmp_path):
+    result, info = submit("jobs/local.yaml", tmp_path, "train.steps=100", "train.log_every=5",
+                          "parallel.strategy=ddp_naive", "train.extra_collective_rank=1",
+                          "train.extra_collective_at_step=10", "train.debug_collectives=true", timeout=120)  # fmt: skip
+    assert result.returncode == 1
+    code, report = logs_json(tmp_path / "local" / info["job_id"])
+    first = report["first_failure"]
+    assert first["rank"] == 1 and "Detected mismatch between collectives" in first["error"]
+    assert "extra_collective" in first["error"] and report["hang"]["culprits"] == [1]
+
+
+def test_debug_collectives_with_torch_ddp_on_gloo_is_refused_before_it_crashes():
+    result = run_module("train", "parallel.strategy=ddp", "train.debug_collectives=true", "train.steps=1")
+    assert result.returncode == 2 and "train.debug_collectives" in result.stderr
+
+
+@pytest.mark.slow
+def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_running(tmp_path):
+    from cluster.submit import cancel, local_state
+
+    result, info = submit("jobs/local.yaml", tmp_path, *HANG, "train.stall_timeout_s=0", wait=False)
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "local" / info["job_id"]
+    try:
+        wait_for_step(job_dir, 0, 15)
+        time.sleep(2)  # rank 2 is now in hang_here, the others in their collective
+        snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+        verdict = json.loads(snap.stdout)
+        assert snap.returncode == 0 and verdict["culprits"] == [2] and verdict["missing"] == []
+        assert local_state(info["job_id"]) == "RUNNING"
+        assert "hang_here" in (job_dir / "rank_00002.log").read_text()
+        text = run_module("cluster", "snapshot", str(job_dir)).stdout
+        assert "stands out: rank(s) 2" in text
+    finally:
+        cancel("local", info["job_id"])

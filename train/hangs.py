@@ -1,0 +1,84 @@
+"""What makes a hang diagnosable: every rank's stacks in its log, and torch's own checks.
+
+All of it is ``faulthandler``, which writes from C straight to file descriptor 2 (the rank's
+log, see ``train.output.redirect_to``): it works while the stuck thread holds the GIL in C
+code, where no Python-level thread or signal handler would run.
+
+- SIGTERM (srun's teardown after a peer died, a cancel): dump, then terminate as before.
+- ``DUMP_SIGNAL`` (``python -m cluster snapshot``): dump and carry on. SIGURG is ignored by
+  default, so a snapshot taken before a rank registered it cannot kill that rank, and it is
+  neither SLURM's preemption signal here (USR1) nor submitit's (USR2).
+- :class:`StallWatchdog` (``train.stall_timeout_s``): faulthandler's C timer thread dumps and
+  exits 1 when no step completed in time, so ``srun --kill-on-bad-exit`` ends the job.
+
+:func:`collective_checks` turns on what torch itself can tell: TORCH_DISTRIBUTED_DEBUG=DETAIL
+(mismatched collectives, ranks missing a monitored barrier) and, for NCCL, the flight
+recorder, whose per-rank dumps land in the job's log directory.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from train.records import FLIGHT_RECORDER_PREFIX
+
+DUMP_SIGNAL = signal.SIGURG
+# Where the watchdog's dump starts: faulthandler's own header for a timer dump.
+STALL_HEADER = "Timeout ("
+
+
+def install_dumps() -> None:
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    faulthandler.register(signal.SIGTERM, file=sys.__stderr__, all_threads=True, chain=True)
+    faulthandler.register(DUMP_SIGNAL, file=sys.__stderr__, all_threads=True, chain=False)
+
+
+def collective_checks(debug_collectives: bool, backend: str, run_dir: str) -> None:
+    """Before the process group exists: torch reads these when it creates it."""
+    if debug_collectives:
+        import torch.distributed as dist
+
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        dist.set_debug_level_from_env()  # torch.distributed read the variable at import
+    if backend == "nccl":  # the user's own settings win
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(Path(run_dir) / FLIGHT_RECORDER_PREFIX))
+
+
+class StallWatchdog:
+    """Dump every stack and exit 1 when :meth:`progress` was not called for ``timeout_s``.
+
+    Re-arming faulthandler's timer costs tens of microseconds, too much for every step of a
+    millisecond loop, so it is re-armed only when a quarter of the timeout has passed since
+    the last arming, with the timeout stretched by that quarter: it fires after between
+    ``timeout_s`` and 1.25 x ``timeout_s`` without progress, and costs one clock read per step.
+    """
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.rearm_s = timeout_s / 4
+        self.armed_at = -float("inf")
+
+    def start(self) -> None:
+        if self.timeout_s:
+            self.arm(time.monotonic())
+
+    def stop(self) -> None:
+        if self.timeout_s:
+            faulthandler.cancel_dump_traceback_later()
+
+    def arm(self, now: float) -> None:
+        faulthandler.dump_traceback_later(self.timeout_s + self.rearm_s, exit=True, file=sys.__stderr__)
+        self.armed_at = now
+
+    def progress(self) -> None:
+        if self.timeout_s:
+            now = time.monotonic()
+            if now - self.armed_at >= self.rearm_s:
+                self.arm(now)

@@ -1,0 +1,295 @@
+"""``python -m train.bench scaling``: how training cost grows with model size, data size and ranks.
+
+Every grid point is a real training run of a fixed number of epochs in fresh processes
+(torchrun, the kit's own ``python -m train`` and strategies: ``single`` on one rank, ``ddp``
+on more). Time to train = steps x the steady-state step time (the second half of the run;
+start-up and evaluation excluded). From the single-rank points a cost model is fitted,
+
+    step time = t0 + c * params^alpha * batch^beta
+
+(t0: the fixed per-step cost of a small model: Python, kernel launches), checked on
+held-out points, and saved, so ``--predict`` can answer "how long will my run take" for a
+configuration that was never run. Ratios and fits are from one run on one machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from train.config import Config, ConfigError, load
+from train.model import parameter_count
+
+# The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k to 10.6M
+# parameters), data sizes through data.train_size, and a second batch size for the fit.
+FULL = {"dim_hidden": [2, 16, 128, 1024, 2048], "train_size": [4096, 16384], "batch": [64, 256], "epochs": 1}
+QUICK = {"dim_hidden": [2, 16, 128, 1024], "train_size": [2048, 8192], "batch": [64, 256], "epochs": 1}
+FIT_FILE = "scaling.json"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def point_args(hidden: int, train_size: int, batch: int, epochs: int, nprocs: int) -> tuple[list[str], int]:
+    steps = max(2, math.ceil(epochs * train_size / batch))
+    args = [
+        f"model.dim_hidden={hidden}",
+        f"data.train_size={train_size}",
+        f"train.batch_size={batch}",
+        f"parallel.strategy={'single' if nprocs == 1 else 'ddp'}",
+        f"train.steps={steps}",
+        f"train.log_every={max(1, steps // 2)}",
+        f"train.eval_every={steps}",
+    ]
+    return args, steps
+
+
+def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs: int) -> dict:
+    from train.bench import launch
+
+    args, steps = point_args(hidden, train_size, batch, epochs, nprocs)
+    cfg = load(Config, None, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        record = launch(nprocs, args, free_port(), Path(tmp))[0]
+    step_s = record["step_ms"] / 1e3
+    return {
+        "model": {"dim_hidden": hidden, "n_layers": cfg.model.n_layers, "dim_in": cfg.model.dim_in},
+        "data": {"train_size": train_size},
+        "batch_size": batch,
+        "epochs": epochs,
+        "nprocs": nprocs,
+        "params": parameter_count(cfg.model),
+        "steps": steps,
+        "step_ms": record["step_ms"],
+        "time_s": steps * step_s,
+        "samples_per_s": batch / step_s,
+    }
+
+
+def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]:
+    """(dim_hidden, train_size, batch, nprocs): every model x data x ranks at the first
+    batch size, plus the other batch sizes on one rank at the smallest data size."""
+    first = grid["batch"][0]
+    points = [(h, n, first, r) for r in ranks for n in grid["train_size"] for h in grid["dim_hidden"]]
+    points += [(h, grid["train_size"][0], b, 1) for b in grid["batch"][1:] for h in grid["dim_hidden"][1:-1]]
+    return points
+
+
+# ----------------------------------------------------------------------------- the fit
+
+
+def fit_cost(points: list[dict]) -> dict:
+    """Least squares of log(step - t0) on log params and log batch, t0 by a 1-D search."""
+    import numpy as np
+
+    p = np.array([x["params"] for x in points], float)
+    b = np.array([x["batch_size"] for x in points], float)
+    t = np.array([x["step_ms"] for x in points], float) / 1e3
+    with_batch = len(set(b)) > 1
+    columns = [np.ones_like(p), np.log(p)] + ([np.log(b)] if with_batch else [])
+    a = np.stack(columns, axis=1)
+    best = None
+    for t0 in np.linspace(0, 0.95 * t.min(), 96):
+        coef, *_ = np.linalg.lstsq(a, np.log(t - t0), rcond=None)
+        predicted = t0 + np.exp(a @ coef)
+        loss = float(np.sum(np.log(predicted / t) ** 2))
+        if best is None or loss < best[0]:
+            best = (loss, t0, coef)
+    _, t0, coef = best
+    return {
+        "t0_ms": float(t0) * 1e3,
+        "log_c": float(coef[0]),
+        "alpha": float(coef[1]),
+        "beta": float(coef[2]) if with_batch else None,
+        "rms_log_error": math.sqrt(best[0] / len(t)),
+    }
+
+
+def step_seconds(fit: dict, params: int, batch: int) -> float:
+    beta = fit["beta"] if fit["beta"] is not None else 0.0
+    return fit["t0_ms"] / 1e3 + math.exp(fit["log_c"] + fit["alpha"] * math.log(params) + beta * math.log(batch))
+
+
+def held_out(single: list[dict]) -> list[dict]:
+    """Leave each inner model size out, fit on the rest, predict its runs' time to train."""
+    sizes = sorted({x["params"] for x in single})
+    out = []
+    for params in sizes[1:-1]:
+        fit = fit_cost([x for x in single if x["params"] != params])
+        for x in (x for x in single if x["params"] == params):
+            predicted = x["steps"] * step_seconds(fit, params, x["batch_size"])
+            out.append({"params": params, "train_size": x["data"]["train_size"], "batch_size": x["batch_size"],
+                        "predicted": predicted, "measured": x["time_s"],
+                        "error": abs(predicted - x["time_s"]) / x["time_s"]})  # fmt: skip
+    return out
+
+
+def multiplicative(single: list[dict], batch: int) -> dict:
+    """The notes' claim: time(both grown) = time(model grown) x time(data grown) / time(base)."""
+    runs = {(x["params"], x["data"]["train_size"]): x["time_s"] for x in single if x["batch_size"] == batch}
+    p_lo, p_hi = min(p for p, _ in runs), max(p for p, _ in runs)
+    n_lo, n_hi = min(n for _, n in runs), max(n for _, n in runs)
+    base, model, data, both = runs[p_lo, n_lo], runs[p_hi, n_lo], runs[p_lo, n_hi], runs[p_hi, n_hi]
+    product, additive = model * data / base, model + data - base
+    return {"base_s": base, "model_grown_s": model, "data_grown_s": data, "both_grown_s": both,
+            "multiplicative_prediction_s": product, "additive_prediction_s": additive,
+            "multiplicative_error": abs(product - both) / both, "additive_error": abs(additive - both) / both}  # fmt: skip
+
+
+def dp_payoff(points: list[dict], batch: int) -> dict:
+    """Per model size: speed-up of N ranks over one (largest data size) against N; the size
+    below which communication eats the gain (speed-up < 1), interpolated in log params."""
+    n_hi = max(x["data"]["train_size"] for x in points)
+    runs = {(x["params"], x["nprocs"]): x["time_s"] for x in points if x["data"]["train_size"] == n_hi and x["batch_size"] == batch}  # fmt: skip
+    rows = [{"params": p, "nprocs": r, "speedup": runs[p, 1] / t, "ideal": r}
+            for (p, r), t in sorted(runs.items()) if r > 1 and (p, 1) in runs]  # fmt: skip
+    two = [x for x in rows if x["nprocs"] == min(x["nprocs"] for x in rows)] if rows else []
+    crossover = None
+    for lo, hi in zip(two, two[1:]):
+        if lo["speedup"] < 1 <= hi["speedup"]:
+            f = (1 - lo["speedup"]) / (hi["speedup"] - lo["speedup"])
+            crossover = math.exp(math.log(lo["params"]) + f * (math.log(hi["params"]) - math.log(lo["params"])))
+    if two and crossover is None:
+        crossover = 0 if all(x["speedup"] >= 1 for x in two) else float("inf")
+    return {"rows": rows, "pays_above_params": crossover}
+
+
+def study(grid: dict, ranks: list[int], progress=print) -> dict:
+    from train.bench import machine
+
+    plan = grid_points(grid, ranks)
+    points = []
+    for i, (h, n, b, r) in enumerate(plan, 1):
+        x = measure_point(h, n, b, grid["epochs"], r)
+        points.append(x)
+        progress(f"[{i:>2}/{len(plan)}] dim_hidden={h:<5} params={x['params']:>10,}  train_size={n:<6} batch={b:<4} "
+                 f"x{r}: {x['time_s']:8.3f} s to train, {x['step_ms']:8.3f} ms/step, {x['samples_per_s']:>9,.0f} samples/s")  # fmt: skip
+    single = [x for x in points if x["nprocs"] == 1]
+    fit = fit_cost(single)
+    fit["held_out"] = held_out(single)
+    fit["points"] = [{k: x[k] for k in ("params", "batch_size", "step_ms")} for x in single]
+    batch = grid["batch"][0]
+    return {"points": points, "fit": fit, "multiplicative": multiplicative(single, batch),
+            "data_parallel": dp_payoff(points, batch), "grid": grid, "machine": machine()}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def predict(result: dict, overrides: list[str]) -> str:
+    cfg = load(Config, None, overrides)
+    params, batch = parameter_count(cfg.model), cfg.train.batch_size
+    epochs = result["grid"]["epochs"]
+    steps = max(2, math.ceil(epochs * cfg.data.train_size / batch))
+    step_s = step_seconds(result["fit"], params, batch)
+    seen = sorted({x["params"] for x in result["fit"]["points"]})
+    inside = seen[0] <= params <= seen[-1]
+    lines = [
+        f"predicted time to train {epochs} epoch(s) on one rank: {steps * step_s:,.1f} s "
+        f"({steps:,} steps x {step_s * 1e3:.3f} ms; {params:,} parameters, batch {batch})",
+        f"rests on {len(result['fit']['points'])} measured single-rank points, {seen[0]:,} to {seen[-1]:,} parameters "
+        f"({result['machine']['date']}, {result['machine']['cores']} cores, torch {result['machine']['torch']})"
+        + ("" if inside else "; this configuration is OUTSIDE that range: an extrapolation"),
+    ]
+    lines += [
+        f"  params {x['params']:>10,}  batch {x['batch_size']:>4}  {x['step_ms']:9.3f} ms/step"
+        for x in result["fit"]["points"]
+    ]
+    return "\n".join(lines)
+
+
+def format_result(r: dict) -> str:
+    fit, mult, dp = r["fit"], r["multiplicative"], r["data_parallel"]
+    beta = "not fitted (one batch size)" if fit["beta"] is None else f"{fit['beta']:.2f}"
+    lines = [
+        f"fit: step = {fit['t0_ms']:.3f} ms + c * params^{fit['alpha']:.2f} * batch^{beta}  "
+        f"(rms log error {fit['rms_log_error']:.3f})",
+        "held-out points (fit without their model size):",
+    ]
+    for h in fit["held_out"]:
+        lines.append(f"  params {h['params']:>10,} train_size {h['train_size']:>6} batch {h['batch_size']:>4}: "
+                     f"predicted {h['predicted']:8.3f} s, measured {h['measured']:8.3f} s, off by {h['error']:.0%}")  # fmt: skip
+    lines.append(
+        f"multiplicative? both grown {mult['both_grown_s']:.2f} s; model x data / base predicts "
+        f"{mult['multiplicative_prediction_s']:.2f} s (off {mult['multiplicative_error']:.0%}); additive predicts "
+        f"{mult['additive_prediction_s']:.2f} s (off {mult['additive_error']:.0%})"
+    )
+    for row in dp["rows"]:
+        lines.append(
+            f"data parallel: params {row['params']:>10,}: {row['nprocs']} ranks {row['speedup']:.2f}x (ideal {row['ideal']}x)"
+        )
+    pays = dp["pays_above_params"]
+    if pays is not None:
+        where = ("for every size measured" if pays == 0 else "for no size measured" if pays == float("inf")
+                 else f"above about {pays:,.0f} parameters")  # fmt: skip
+        lines.append(f"data parallelism pays {where} (gloo over loopback on {r['machine']['cores']} cores)")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    batch = result["grid"]["batch"][0]
+    lines: dict[tuple[int, int], list] = {}
+    for x in result["points"]:
+        if x["batch_size"] == batch:
+            lines.setdefault((x["data"]["train_size"], x["nprocs"]), []).append((x["params"], x["time_s"]))
+    for (n, r), xy in sorted(lines.items()):
+        xs, ys = zip(*sorted(xy))
+        ax.plot(xs, ys, marker="o", ls="-" if r == 1 else "--", label=f"{n:,} samples, {r} rank(s)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel(f"time to train {result['grid']['epochs']} epoch(s) (s)")
+    ax.set_title("time to train vs model size (log-log)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m train.bench scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the small grid (< 2 min on 2 cores; CI)")
+    parser.add_argument("--ranks", default="1,2", help="rank counts, comma-separated (e.g. 1,2,4)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object: points, fit, ...")
+    parser.add_argument("--run-dir", default="runs/scaling", help=f"where {FIT_FILE} (points and fit) is saved")
+    parser.add_argument("--plot", help="write the log-log plot of time to train vs parameters to this PNG")
+    parser.add_argument("--predict", action="store_true", help="predict key=value's time to train from the saved fit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="with --predict: the configuration")
+    args = parser.parse_args(argv)
+    saved = Path(args.run_dir) / FIT_FILE
+    try:
+        if args.predict:
+            if not saved.exists():
+                raise ConfigError("--run-dir", f"no saved fit at {saved}: run `python -m train.bench scaling` first")
+            print(predict(json.loads(saved.read_text()), args.overrides))
+            return 0
+        if args.overrides:
+            raise ConfigError(args.overrides[0], "overrides are for --predict; the grid is fixed (see --quick)")
+        ranks = sorted({int(r) for r in args.ranks.split(",") if r.strip()} | {1})
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
+    result = study(QUICK if args.quick else FULL, ranks, progress=log)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(result, indent=1))
+    if args.plot:
+        plot(result, args.plot)
+    print(json.dumps(result, indent=1) if args.json else format_result(result))
+    log(f"saved to {saved}; predict with: python -m train.bench scaling --predict model.dim_hidden=2048 ...")
+    return 0
