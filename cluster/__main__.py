@@ -58,10 +58,16 @@ def cmd_plan(args) -> int:
 
 
 def cmd_render(args) -> int:
+    from cluster import paths
     from cluster.render import render
 
     spec, plan = load_spec(args.job, args.overrides)
     text = render(spec, plan, node_python(spec), source=args.job)
+    # SLURM does not create the directory of --output: without it the job dies at launch.
+    batch_log_dir = paths.batch_output(spec.log_dir, spec.name).parent
+    if not batch_log_dir.is_dir():
+        batch_log_dir.mkdir(parents=True)
+        print(f"created {batch_log_dir}/ for the batch log (sbatch does not create it)", file=sys.stderr)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)
@@ -184,8 +190,6 @@ def cmd_logs(args) -> int:
 
 
 def cmd_snapshot(args) -> int:
-    import shutil
-
     from cluster import logs, stacks, submit
     from train.hangs import DUMP_SIGNAL
 
@@ -206,7 +210,7 @@ def cmd_snapshot(args) -> int:
                 found[r.rank] = stack
     verdict = stacks.classify(found, {}, snapshot=True)
     verdict["missing"] = sorted({r.rank for r in live} - set(found))
-    if args.native and shutil.which("py-spy"):
+    if args.native and submit.py_spy():
         verdict["native"] = {r.rank: submit.native_stack(plan["cluster"], job_dir.name, r.host, r.pid) for r in live}
     if args.json:
         print(json.dumps(verdict, indent=1))
@@ -222,7 +226,7 @@ def cmd_snapshot(args) -> int:
         print(f"no stack within {args.timeout:g} s from rank(s) {stacks.compress(verdict['missing'])}")
     for rank, text in verdict.get("native", {}).items():
         print(f"--- rank {rank}, native (py-spy) ---\n{text}")
-    if args.native and not shutil.which("py-spy"):
+    if args.native and not submit.py_spy():
         print("--native: py-spy is not installed (pip install py-spy)")
     return 0
 

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,10 +200,16 @@ def signal_ranks(cluster: str, job_id: str, pids: list[int], sig: signal.Signals
         subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job_id], check=True)
 
 
+def py_spy() -> str | None:
+    """py-spy beside this interpreter (a venv's bin/ need not be on PATH), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
 def native_stack(cluster: str, job_id: str, host: str, pid: int) -> str:
     """py-spy's dump with native frames of one rank (needs ptrace: in a container, run it
     with the SYS_PTRACE capability). On SLURM it runs on the rank's node inside the job."""
-    cmd = ["py-spy", "dump", "--native", "--pid", str(pid)]
+    cmd = [py_spy() or "py-spy", "dump", "--native", "--pid", str(pid)]
     if cluster != "local":
         cmd = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}", *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -28,5 +28,5 @@ def slow_save(*args, **kwargs):
     time.sleep(60)  # killed here: shards written, the step not yet published
 
 
-checkpoint.dcp.save = slow_save
+dcp.save = slow_save  # train.checkpoint imports DCP when it saves, and finds this
 checkpoint.save(run_dir / "checkpoints", 20, trainable, None)

@@ -238,7 +238,8 @@ def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_runni
         assert snap.returncode == 0 and verdict["culprits"] == [2] and verdict["missing"] == []
         assert local_state(info["job_id"]) == "RUNNING"
         assert "hang_here" in (job_dir / "rank_00002.log").read_text()
-        text = run_module("cluster", "snapshot", str(job_dir)).stdout
+        text = run_module("cluster", "snapshot", str(job_dir), "--native").stdout
         assert "stands out: rank(s) 2" in text
+        assert "native (py-spy)" in text and "hang_here" in text.split("rank 2, native")[1]
     finally:
         cancel("local", info["job_id"])

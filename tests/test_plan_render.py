@@ -167,12 +167,13 @@ def test_rendered_script_essentials():
     )
 
 
-def test_render_cli_container_forms():
+def test_render_cli_container_forms_and_the_batch_log_directory(tmp_path):
     for runtime, needle in [("pyxis", "--container-image=IMG"), ("apptainer", "apptainer exec --nv")]:
-        result = run_module(
-            "cluster", "render", "jobs/multi_node.yaml", f"container.runtime={runtime}", "container.image=IMG"
-        )
+        result = run_module("cluster", "render", "jobs/multi_node.yaml", f"container.runtime={runtime}",
+                            "container.image=IMG", f"log_dir={tmp_path}")  # fmt: skip
         assert result.returncode == 0 and needle in result.stdout
+    # sbatch cannot open --output in a missing directory (the job dies at launch): render makes it.
+    assert (tmp_path / "multi-node").is_dir()
 
 
 def test_dry_run_prints_plan_and_script(tmp_path):

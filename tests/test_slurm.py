@@ -91,6 +91,25 @@ def test_bad_specs_exit_2_and_submit_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_rendered_script_runs_with_plain_sbatch(tmp_path):
+    """The script `render` writes is what users submit with sbatch themselves: it must train."""
+    from cluster.report import first_step_time
+
+    script = tmp_path / "job.sbatch"
+    rendered = run_module("cluster", "render", "jobs/multi_node.yaml", *FIT, "gpus_per_node=2", "train.steps=4",
+                          "train.log_every=2", f"log_dir={tmp_path}", "-o", str(script))  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    out = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+    job_dir = tmp_path / "multi-node" / out.stdout.strip().split(";")[0]
+    first_step_time(job_dir, timeout=120)
+    code, report = logs_json(job_dir)
+    deadline = time.time() + 120
+    while report["completed"] < 4 and time.time() < deadline:
+        time.sleep(1)
+        code, report = logs_json(job_dir)
+    assert report["completed"] == 4, report
+
+
 def test_raising_rank_on_second_node_is_named(tmp_path):
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=60",
                           "train.log_every=5", "train.fail_at_step=20", "train.fail_rank=3")  # fmt: skip

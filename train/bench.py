@@ -66,12 +66,9 @@ def bench_config(strategy: str, steps: int, run_dir: str, overrides: list[str]) 
     ]
 
 
-def last_records(run_dir: Path, nprocs: int) -> list[dict]:
-    out = []
-    for rank in range(nprocs):
-        steps = [r for r in read_records(run_dir / record_name(rank)) if r["event"] == "step"]
-        out.append(steps[-1])
-    return out
+def step_records(run_dir: Path, nprocs: int) -> list[list[dict]]:
+    """Every rank's step records, in order."""
+    return [[r for r in read_records(run_dir / record_name(rank)) if r["event"] == "step"] for rank in range(nprocs)]
 
 
 def parse_label(label: str) -> tuple[str, list[str]]:
@@ -103,14 +100,17 @@ def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s
     return {"progress_us": progress_s * 1e6, "rearm_us": arm_s * 1e6, "percent_of_step": 100 * per_step / step_s}
 
 
-def launch(nprocs: int, args: list[str], port: int, run_dir: Path) -> list[dict]:
-    """Train in ``nprocs`` fresh processes under torchrun; every rank's last step record."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nprocs}"]
-    cmd += [f"--master-port={port}", "-m", "train", *args, f"train.run_dir={run_dir}"]
+def launch(nprocs: int, args: list[str], port: int, run_dir: Path) -> list[list[dict]]:
+    """Train in ``nprocs`` fresh processes (under torchrun when more than one); every rank's
+    step records."""
+    cmd = [sys.executable]
+    if nprocs > 1:
+        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={port}"]
+    cmd += ["-m", "train", *args, f"train.run_dir={run_dir}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"{' '.join(args)} x{nprocs} failed:\n{done.stderr[-3000:]}")
-    return last_records(run_dir, nprocs)
+    return step_records(run_dir, nprocs)
 
 
 def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int) -> dict:
@@ -124,7 +124,7 @@ def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int
         if nprocs == 1:
             record = run(load(Config, None, args), DistEnv(), quiet=True)
             return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes")}
-        records = launch(nprocs, args, port, Path(tmp))
+        records = [steps[-1] for steps in launch(nprocs, args, port, Path(tmp))]
         return {
             "step_ms": records[0]["step_ms"],
             "samples_per_s": records[0]["samples_per_s"],

@@ -19,16 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from train.parallel.common import Trainable
 
 LATEST = "latest"
-# Optimizer state keyed per parameter name ("param_groups.<fqn>.lr"), not per group index:
-# pipeline stages hold different parameters, and DCP would otherwise deduplicate their
-# "param_groups.0" entries as if replicated, handing each stage another stage's group.
-OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 # DCP warns on every call in a single process ("assuming the intent is to save in a single
 # process"): that is the intent here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -58,7 +52,9 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)  # a save that was killed before
         tmp.mkdir(parents=True)
     _barrier()
-    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer, options=OPTIONS)
+    import torch.distributed.checkpoint as dcp  # imported on use: about a second, most runs never save
+
+    model_sd, optim_sd = _state_dicts(trainable)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
     extra = {
         "step": step,
@@ -88,9 +84,22 @@ def latest(ckpt_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def _state_dicts(trainable: Trainable) -> tuple[dict, dict]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    # Optimizer state keyed per parameter name ("param_groups.<fqn>.lr"), not per group index:
+    # pipeline stages hold different parameters, and DCP would otherwise deduplicate their
+    # "param_groups.0" entries as if replicated, handing each stage another stage's group.
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+    return get_state_dict(_model(trainable), trainable.optimizer, options=options)
+
+
 def load(path: Path, trainable: Trainable, scaler) -> int:
     """Restore model, optimizer, RNG and scaler from ``path``; returns the step it holds."""
-    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer, options=OPTIONS)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    model_sd, optim_sd = _state_dicts(trainable)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
@@ -98,7 +107,7 @@ def load(path: Path, trainable: Trainable, scaler) -> int:
         trainable.optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],
-        options=OPTIONS,
+        options=StateDictOptions(flatten_optimizer_state_dict=True),
     )
     extra = torch.load(path / f"extra_rank{_rank():05d}.pt", weights_only=False)
     torch.set_rng_state(extra["rng"])

@@ -51,9 +51,15 @@ class RecordWriter:
 
 def read_records(path: str | Path) -> Iterator[dict]:
     """Every well-formed record; a line cut short by a crash is skipped."""
-    with Path(path).open() as f:
-        for line in f:
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue
+    with open(path, "rb") as f:
+        data = f.read()
+    try:  # one parse for the whole file (the log inspector reads thousands of them)
+        yield from json.loads(b"[" + b",".join(line for line in data.splitlines() if line.strip()) + b"]")
+        return
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    for line in data.splitlines():
+        try:
+            yield json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue

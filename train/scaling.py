@@ -2,8 +2,8 @@
 
 Every grid point is a real training run of a fixed number of epochs in fresh processes
 (torchrun, the kit's own ``python -m train`` and strategies: ``single`` on one rank, ``ddp``
-on more). Time to train = steps x the steady-state step time (the second half of the run;
-start-up and evaluation excluded). From the single-rank points a cost model is fitted,
+on more). Time to train = steps x the steady-state step time (the median of the log intervals after
+the first; start-up and evaluation excluded). From the single-rank points a cost model is fitted,
 
     step time = t0 + c * params^alpha * batch^beta
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -24,10 +25,14 @@ from pathlib import Path
 from train.config import Config, ConfigError, load
 from train.model import parameter_count
 
-# The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k to 10.6M
-# parameters), data sizes through data.train_size, and a second batch size for the fit.
-FULL = {"dim_hidden": [2, 16, 128, 1024, 2048], "train_size": [4096, 16384], "batch": [64, 256], "epochs": 1}
-QUICK = {"dim_hidden": [2, 16, 128, 1024], "train_size": [2048, 8192], "batch": [64, 256], "epochs": 1}
+# The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k parameters,
+# all per-step overhead, to 10.6M, compute-bound), data sizes through data.train_size, a
+# second batch size for the fit (inner model sizes, largest data), and the data sizes at
+# which more ranks run. Sizes are closer where step time starts to grow with parameters.
+FULL = {"dim_hidden": [2, 64, 256, 512, 1024, 2048], "train_size": [4096, 16384], "batch": [64, 256],
+        "dp_train_size": [4096, 16384], "epochs": 1}  # fmt: skip
+QUICK = {"dim_hidden": [2, 256, 512, 1024], "train_size": [2048, 8192], "batch": [64, 256],
+         "dp_train_size": [8192], "epochs": 1}  # fmt: skip
 FIT_FILE = "scaling.json"
 
 
@@ -45,7 +50,7 @@ def point_args(hidden: int, train_size: int, batch: int, epochs: int, nprocs: in
         f"train.batch_size={batch}",
         f"parallel.strategy={'single' if nprocs == 1 else 'ddp'}",
         f"train.steps={steps}",
-        f"train.log_every={max(1, steps // 2)}",
+        f"train.log_every={max(1, steps // 4)}",
         f"train.eval_every={steps}",
     ]
     return args, steps
@@ -57,8 +62,10 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
     args, steps = point_args(hidden, train_size, batch, epochs, nprocs)
     cfg = load(Config, None, args)
     with tempfile.TemporaryDirectory() as tmp:
-        record = launch(nprocs, args, free_port(), Path(tmp))[0]
-    step_s = record["step_ms"] / 1e3
+        records = launch(nprocs, args, free_port(), Path(tmp))[0]
+    # The median of the log intervals after the first (warm-up): a burst of load from
+    # elsewhere on the machine moves one interval, not the point.
+    step_s = statistics.median(r["step_ms"] for r in records[1:] or records) / 1e3
     return {
         "model": {"dim_hidden": hidden, "n_layers": cfg.model.n_layers, "dim_in": cfg.model.dim_in},
         "data": {"train_size": train_size},
@@ -67,18 +74,20 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
         "nprocs": nprocs,
         "params": parameter_count(cfg.model),
         "steps": steps,
-        "step_ms": record["step_ms"],
+        "step_ms": step_s * 1e3,
         "time_s": steps * step_s,
         "samples_per_s": batch / step_s,
     }
 
 
 def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]:
-    """(dim_hidden, train_size, batch, nprocs): every model x data x ranks at the first
-    batch size, plus the other batch sizes on one rank at the smallest data size."""
-    first = grid["batch"][0]
-    points = [(h, n, first, r) for r in ranks for n in grid["train_size"] for h in grid["dim_hidden"]]
-    points += [(h, grid["train_size"][0], b, 1) for b in grid["batch"][1:] for h in grid["dim_hidden"][1:-1]]
+    """(dim_hidden, train_size, batch, nprocs): every model x data size on one rank, the other
+    batch sizes for the inner model sizes on one rank, and every model at ``dp_train_size``
+    on each larger rank count."""
+    first, largest = grid["batch"][0], grid["train_size"][-1]
+    points = [(h, n, first, 1) for n in grid["train_size"] for h in grid["dim_hidden"]]
+    points += [(h, largest, b, 1) for b in grid["batch"][1:] for h in grid["dim_hidden"][1:-1]]
+    points += [(h, n, first, r) for r in ranks if r > 1 for n in grid["dp_train_size"] for h in grid["dim_hidden"]]
     return points
 
 
@@ -86,35 +95,42 @@ def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]
 
 
 def fit_cost(points: list[dict]) -> dict:
-    """Least squares of log(step - t0) on log params and log batch, t0 by a 1-D search."""
+    """Least squares of the relative error over a grid of exponents; for each (alpha, beta)
+    the model is linear in (t0, c), solved exactly. (A regression of log(step - t0) would
+    let the small models, whose step is almost all t0, decide the exponents.)"""
     import numpy as np
 
     p = np.array([x["params"] for x in points], float)
     b = np.array([x["batch_size"] for x in points], float)
     t = np.array([x["step_ms"] for x in points], float) / 1e3
-    with_batch = len(set(b)) > 1
-    columns = [np.ones_like(p), np.log(p)] + ([np.log(b)] if with_batch else [])
-    a = np.stack(columns, axis=1)
-    best = None
-    for t0 in np.linspace(0, 0.95 * t.min(), 96):
-        coef, *_ = np.linalg.lstsq(a, np.log(t - t0), rcond=None)
-        predicted = t0 + np.exp(a @ coef)
-        loss = float(np.sum(np.log(predicted / t) ** 2))
-        if best is None or loss < best[0]:
-            best = (loss, t0, coef)
-    _, t0, coef = best
+    alphas = np.arange(0.2, 1.6, 0.01)
+    betas = np.arange(0.0, 1.6, 0.01) if len(set(b)) > 1 else np.zeros(1)
+    alpha, beta = (g.ravel() for g in np.meshgrid(alphas, betas))
+    # x[g, i] = p_i^alpha_g * b_i^beta_g, scaled by the largest point to keep numbers sane.
+    x = np.exp(np.outer(alpha, np.log(p / p.max())) + np.outer(beta, np.log(b / b.max()))) / t
+    one = 1 / t  # rows of the weighted system: [1/t, x/t] @ [t0, c] = 1
+    s11, s12, s22 = (one * one).sum(), (x * one).sum(1), (x * x).sum(1)
+    r1, r2 = one.sum(), x.sum(1)
+    det = s11 * s22 - s12 * s12
+    t0 = np.clip((r1 * s22 - r2 * s12) / det, 0, None)
+    c = np.clip((r2 - s12 * t0) / s22, 0, None)  # c re-solved for the clipped t0
+    loss = (((t0[:, None] * one + c[:, None] * x) - 1) ** 2).sum(1)
+    g = int(np.argmin(loss))
     return {
-        "t0_ms": float(t0) * 1e3,
-        "log_c": float(coef[0]),
-        "alpha": float(coef[1]),
-        "beta": float(coef[2]) if with_batch else None,
-        "rms_log_error": math.sqrt(best[0] / len(t)),
+        "t0_ms": float(t0[g]) * 1e3,
+        "c_ms": float(c[g]) * 1e3,  # the step's variable part at the largest params and batch
+        "alpha": round(float(alpha[g]), 2),
+        "beta": round(float(beta[g]), 2) if len(betas) > 1 else None,
+        "ref_params": float(p.max()),
+        "ref_batch": float(b.max()),
+        "rms_relative_error": float(np.sqrt(loss[g] / len(t))),
     }
 
 
 def step_seconds(fit: dict, params: int, batch: int) -> float:
-    beta = fit["beta"] if fit["beta"] is not None else 0.0
-    return fit["t0_ms"] / 1e3 + math.exp(fit["log_c"] + fit["alpha"] * math.log(params) + beta * math.log(batch))
+    beta = fit["beta"] or 0.0
+    scale = (params / fit["ref_params"]) ** fit["alpha"] * (batch / fit["ref_batch"]) ** beta
+    return (fit["t0_ms"] + fit["c_ms"] * scale) / 1e3
 
 
 def held_out(single: list[dict]) -> list[dict]:
@@ -174,7 +190,8 @@ def study(grid: dict, ranks: list[int], progress=print) -> dict:
     single = [x for x in points if x["nprocs"] == 1]
     fit = fit_cost(single)
     fit["held_out"] = held_out(single)
-    fit["points"] = [{k: x[k] for k in ("params", "batch_size", "step_ms")} for x in single]
+    fit["points"] = [{"params": x["params"], "batch_size": x["batch_size"], "train_size": x["data"]["train_size"],
+                      "step_ms": x["step_ms"]} for x in single]  # fmt: skip
     batch = grid["batch"][0]
     return {"points": points, "fit": fit, "multiplicative": multiplicative(single, batch),
             "data_parallel": dp_payoff(points, batch), "grid": grid, "machine": machine()}  # fmt: skip
@@ -209,8 +226,8 @@ def format_result(r: dict) -> str:
     fit, mult, dp = r["fit"], r["multiplicative"], r["data_parallel"]
     beta = "not fitted (one batch size)" if fit["beta"] is None else f"{fit['beta']:.2f}"
     lines = [
-        f"fit: step = {fit['t0_ms']:.3f} ms + c * params^{fit['alpha']:.2f} * batch^{beta}  "
-        f"(rms log error {fit['rms_log_error']:.3f})",
+        f"fit: step = {fit['t0_ms']:.3f} ms + {fit['c_ms']:.3f} ms * (params/{fit['ref_params']:,.0f})^{fit['alpha']:.2f}"
+        f" * (batch/{fit['ref_batch']:.0f})^{beta}  (rms relative error {fit['rms_relative_error']:.1%})",
         "held-out points (fit without their model size):",
     ]
     for h in fit["held_out"]:
@@ -229,8 +246,75 @@ def format_result(r: dict) -> str:
     if pays is not None:
         where = ("for every size measured" if pays == 0 else "for no size measured" if pays == float("inf")
                  else f"above about {pays:,.0f} parameters")  # fmt: skip
-        lines.append(f"data parallelism pays {where} (gloo over loopback on {r['machine']['cores']} cores)")
+        lines.append(f"Data parallelism pays {where} (gloo over loopback on {r['machine']['cores']} cores)")
     return "\n".join(lines)
+
+
+def markdown(r: dict, png: str | None) -> list[str]:
+    """The scaling section of docs/benchmarks.md: a table per axis, the fit, its checks."""
+    fit, mult, dp, grid = r["fit"], r["multiplicative"], r["data_parallel"], r["grid"]
+    b0, sizes = grid["batch"][0], grid["train_size"]
+    single = {
+        (x["params"], x["data"]["train_size"]): x for x in r["points"] if x["nprocs"] == 1 and x["batch_size"] == b0
+    }
+    params = sorted({p for p, _ in single})
+    dims = {x["params"]: x["model"]["dim_hidden"] for x in r["points"]}
+    out = [
+        "## Scaling study: model size x data size x ranks",
+        "",
+        f"`python -m train.bench scaling` (written by `make bench`): every point a real run of {grid['epochs']} epoch(s) "
+        f"in fresh processes (`python -m train`, torchrun for 2 ranks: `single` vs `ddp`); time to train = steps x the "
+        f"steady-state step time (start-up and evaluation excluded). Batch {b0} unless stated. "
+        f"{r['machine']['cores']} CPU cores, gloo over loopback: one rank already uses every core through intra-op "
+        "threads, so extra ranks here add communication without adding compute.",
+        "",
+        "### Model size (1 rank)",
+        "",
+        "| dim_hidden | parameters | ms/step | "
+        + " | ".join(f"time, {n:,} samples (s)" for n in sizes)
+        + " | samples/s |",
+        "|---:|---:|---:|" + "---:|" * len(sizes) + "---:|",
+    ]
+    for p in params:
+        x = single[p, sizes[-1]]
+        times = " | ".join(f"{single[p, n]['time_s']:.3f}" for n in sizes)
+        out.append(f"| {dims[p]} | {p:,} | {x['step_ms']:.3f} | {times} | {x['samples_per_s']:,.0f} |")
+    out += ["", f"### Data size (1 rank): time ratio {sizes[-1]:,} / {sizes[0]:,} samples (ideal {sizes[-1] / sizes[0]:g})",
+            "", "| parameters | time ratio |", "|---:|---:|"]  # fmt: skip
+    out += [f"| {p:,} | {single[p, sizes[-1]]['time_s'] / single[p, sizes[0]]['time_s']:.2f} |" for p in params]
+    out += ["", "### Ranks: speed-up over 1 rank (largest data size)", "",
+            "| parameters | ranks | speed-up | ideal |", "|---:|---:|---:|---:|"]  # fmt: skip
+    out += [f"| {x['params']:,} | {x['nprocs']} | {x['speedup']:.2f}x | {x['ideal']}x |" for x in dp["rows"]]
+    beta = "not fitted" if fit["beta"] is None else f"{fit['beta']:.2f}"
+    out += [
+        "",
+        "### Cost model",
+        "",
+        f"step time = {fit['t0_ms']:.3f} ms + {fit['c_ms']:.2f} ms x (params / {fit['ref_params']:,.0f})^**{fit['alpha']:.2f}** "
+        f"x (batch / {fit['ref_batch']:.0f})^**{beta}**, fitted on the {len(fit['points'])} single-rank points "
+        f"(rms relative error {fit['rms_relative_error']:.1%}); time to train = steps x step time. "
+        "Held out: each inner model size, predicted by a fit without it:",
+        "",
+        "| parameters | samples | batch | predicted (s) | measured (s) | off by |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    out += [f"| {h['params']:,} | {h['train_size']:,} | {h['batch_size']} | {h['predicted']:.3f} | {h['measured']:.3f} "
+            f"| {h['error']:.0%} |" for h in fit["held_out"]]  # fmt: skip
+    worst = max((h["error"] for h in fit["held_out"]), default=0)
+    out += [
+        "",
+        f"Worst held-out error: **{worst:.0%}**.",
+        "",
+        f"The notes' claim, cost grows multiplicatively: base {mult['base_s']:.3f} s, model grown {mult['model_grown_s']:.3f} s, "
+        f"data grown {mult['data_grown_s']:.3f} s, both grown **{mult['both_grown_s']:.3f} s**; model x data / base predicts "
+        f"{mult['multiplicative_prediction_s']:.3f} s (off {mult['multiplicative_error']:.0%}), model + data - base predicts "
+        f"{mult['additive_prediction_s']:.3f} s (off {mult['additive_error']:.0%}).",
+        "",
+        format_result(r).splitlines()[-1] + ".",
+    ]
+    if png:
+        out += ["", f"![time to train vs parameters]({png})"]
+    return out + [""]
 
 
 def plot(result: dict, path: str | Path) -> None:

@@ -11,7 +11,6 @@ import contextlib
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from train.model import linear_indices
 from train.parallel.common import Context, Trainable, forward_eval
@@ -19,6 +18,8 @@ from train.parallel.tp import shard_tensor_parallel
 
 
 def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy: imported when used
+
     ctx.require_precision("fp32", "bf16")
     model = model.to(ctx.device)
     if ctx.dims.tp > 1:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from train.config import ConfigError
 from train.model import layer_dims
 from train.parallel.common import Context, Trainable
 from train.parallel.stages import stage_bounds, stage_module
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # in torch.distributed.pipelining
 
 
 def apply_pipeline(model: nn.Module, ctx: Context) -> Trainable:
@@ -31,9 +30,13 @@ def apply_pipeline(model: nn.Module, ctx: Context) -> Trainable:
     start, end = stage_bounds(model, stages)[rank]
     module = stage_module(model, start, end).to(ctx.device)
     first, last = rank == 0, rank == stages - 1
-    stage = PipelineStage(module, rank, stages, ctx.device)
+    from torch.distributed import pipelining  # heavy: imported when used
+
+    stage = pipelining.PipelineStage(module, rank, stages, ctx.device)
     loss_fn = nn.functional.cross_entropy
-    schedule = SCHEDULES[cfg.parallel.schedule](stage, n_microbatches=cfg.parallel.microbatches, loss_fn=loss_fn)
+    schedule = getattr(pipelining, SCHEDULES[cfg.parallel.schedule])(
+        stage, n_microbatches=cfg.parallel.microbatches, loss_fn=loss_fn
+    )
 
     def forward_backward(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor | None:
         if first:

@@ -9,7 +9,6 @@ in forward, one in backward. With an odd number of layers the last one stays rep
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from train.model import linear_indices
 from train.parallel.common import Context, Trainable, forward_eval
@@ -17,6 +16,8 @@ from train.parallel.ddp_naive import allreduce_grads
 
 
 def tensor_parallel_plan(model: nn.Sequential) -> dict:
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # heavy: imported when used
+
     linears = linear_indices(model)
     plan = {}
     for col, row in zip(linears[0::2], linears[1::2]):
@@ -26,6 +27,8 @@ def tensor_parallel_plan(model: nn.Sequential) -> dict:
 
 
 def shard_tensor_parallel(model: nn.Sequential, ctx: Context) -> nn.Sequential:
+    from torch.distributed.tensor.parallel import parallelize_module
+
     return parallelize_module(model, ctx.mesh["tp"], tensor_parallel_plan(model))
 
 

@@ -2,13 +2,14 @@
 
 import torch
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from train.parallel.common import Context, Trainable
 from train.parallel.ddp import apply_ddp
 
 
 def apply_zero1(model: nn.Module, ctx: Context) -> Trainable:
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # heavy: imported when used
+
     trainable = apply_ddp(model, ctx)
     trainable.optimizer = ZeroRedundancyOptimizer(
         trainable.model.parameters(), optimizer_class=torch.optim.SGD, **ctx.optimizer_kwargs()

@@ -1,0 +1,86 @@
+"""The scaling study: the fit and its checks on exact synthetic points; the real --quick grid."""
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import run_module
+from train import scaling
+
+
+def synthetic(t0_ms=1.0, c=2e-8, alpha=1.0, beta=1.0) -> list[dict]:
+    """Single-rank points whose step time follows the model exactly."""
+    points = []
+    for hidden, params in [(2, 2_000), (16, 20_000), (128, 200_000), (1024, 3_000_000)]:
+        for batch in (64, 256):
+            for n in (2048, 8192):
+                step_s = t0_ms / 1e3 + c * params**alpha * batch**beta
+                steps = n // batch
+                points.append({"params": params, "batch_size": batch, "step_ms": step_s * 1e3, "steps": steps,
+                               "time_s": steps * step_s, "nprocs": 1, "data": {"train_size": n},
+                               "model": {"dim_hidden": hidden}})  # fmt: skip
+    return points
+
+
+def test_fit_recovers_the_exponents_and_predicts_held_out_points_exactly():
+    points = synthetic(alpha=1.1, beta=0.8)
+    fit = scaling.fit_cost(points)
+    assert (fit["alpha"], fit["beta"]) == (1.1, 0.8) and math.isclose(fit["t0_ms"], 1.0, rel_tol=1e-3)
+    assert max(h["error"] for h in scaling.held_out(points)) < 1e-3
+    assert math.isclose(scaling.step_seconds(fit, 200_000, 64), 1e-3 + 2e-8 * 200_000**1.1 * 64**0.8, rel_tol=1e-3)
+
+
+def test_multiplicative_claim_holds_when_time_is_steps_times_step_cost():
+    m = scaling.multiplicative(synthetic(), batch=64)
+    assert m["multiplicative_error"] < 1e-9 and m["additive_error"] > 0.5
+
+
+def test_dp_payoff_interpolates_where_two_ranks_start_to_win():
+    points = [{"params": p, "nprocs": r, "time_s": t, "batch_size": 64, "data": {"train_size": 8192}}
+              for p, r, t in [(1e3, 1, 1.0), (1e3, 2, 2.0), (1e5, 1, 4.0), (1e5, 2, 2.0)]]  # fmt: skip
+    dp = scaling.dp_payoff(points, 64)
+    assert [x["speedup"] for x in dp["rows"]] == [0.5, 2.0]
+    assert math.isclose(dp["pays_above_params"], 10 ** (3 + 2 * 0.5 / 1.5))  # speed-up 1 at 1/3 of the log span
+
+
+def test_grid_has_four_model_sizes_over_three_orders_of_magnitude():
+    from train.config import ModelConfig
+    from train.model import parameter_count
+
+    for grid in (scaling.QUICK, scaling.FULL):
+        sizes = [parameter_count(ModelConfig(dim_hidden=h)) for h in grid["dim_hidden"]]
+        assert len(sizes) >= 4 and max(sizes) / min(sizes) >= 1000 and len(grid["train_size"]) >= 2
+    points = scaling.grid_points(scaling.QUICK, [1, 2])
+    assert {r for *_, r in points} == {1, 2}
+
+
+def test_predict_needs_a_saved_fit_and_valid_keys(tmp_path):
+    missing = run_module("train.bench", "scaling", "--predict", "model.dim_hidden=64", f"--run-dir={tmp_path}")
+    assert missing.returncode == 2 and "no saved fit" in missing.stderr
+
+
+@pytest.mark.slow
+def test_quick_study_prints_points_and_a_fit_that_predicts_held_out_points(tmp_path):
+    png = tmp_path / "scaling.png"
+    result = run_module(
+        "train.bench", "scaling", "--quick", "--json", f"--run-dir={tmp_path}", f"--plot={png}", timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout)
+    for point in out["points"]:
+        assert {"model", "data", "nprocs", "params", "time_s", "samples_per_s"} <= point.keys()
+    assert {p["nprocs"] for p in out["points"]} == {1, 2}
+    held = out["fit"]["held_out"]
+    assert held and all({"predicted", "measured"} <= h.keys() for h in held)
+    assert max(h["error"] for h in held) <= 0.35, held
+    assert png.read_bytes()[:4] == b"\x89PNG" and "[14/14]" in result.stderr  # progress on the terminal
+    text = "\n".join(scaling.markdown(out, "scaling.png"))
+    for needle in ("### Model size", "### Data size", "### Ranks", "Worst held-out error"):
+        assert needle in text
+    predicted = run_module("train.bench", "scaling", "--predict", "model.dim_hidden=2048", "data.train_size=200000",
+                           f"--run-dir={tmp_path}")  # fmt: skip
+    assert predicted.returncode == 0 and "predicted time to train" in predicted.stdout
+    assert "extrapolation" in predicted.stdout and "rests on 10 measured" in predicted.stdout
+    bad = run_module("train.bench", "scaling", "--predict", "model.dim_hiden=2", f"--run-dir={tmp_path}")
+    assert bad.returncode == 2 and "model.dim_hiden" in bad.stderr
