@@ -256,12 +256,16 @@ def inspect(
     ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
     rank_state = functools.partial(rank_reports, job_dir, names, bool(running), now, silent_after_s)
     workers = min(os.cpu_count() or 1, world // PARALLEL_FROM)
+    reports = None
     if workers > 1:  # byte scans and JSON parsing hold the GIL: processes, not threads
         chunks = [ranks[i * world // workers : (i + 1) * world // workers] for i in range(workers)]
-        with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
-            others = pool.map(rank_state, chunks[1:])
-            reports = rank_state(chunks[0]) + [r for part in others for r in part]  # this process reads too
-    else:
+        try:
+            with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+                others = pool.map(rank_state, chunks[1:])
+                reports = rank_state(chunks[0]) + [r for part in others for r in part]  # this process reads too
+        except OSError:  # no working semaphores (a container without /dev/shm): read them here
+            reports = None
+    if reports is None:
         reports = rank_state(ranks)
     hang = find_hang(reports)
     first, cascade = triage(reports, hang)
