@@ -328,7 +328,7 @@ def render_markdown(r: dict) -> str:
         lines += ["## Scaling study", "", f"Not in this report: {why}.", ""]
     lines += [
         "",
-        "Reproduce: `make bench` (about 20 minutes on 2 cores; `make minicluster` first for the SLURM row).",
+        "Reproduce: `make bench` (about 25 minutes on 2 cores; `make minicluster` first for the SLURM row).",
         "",
     ]
     return "\n".join(lines)
