@@ -28,7 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from cluster import paths, stacks
-from cluster.stacks import CASCADE, LIBRARY_PATH, STALL_MARK, compress
+from cluster.stacks import CASCADE, LIBRARY_PATH, compress, stack_in
 from train.output import STAMP_LENGTH
 from train.records import log_name, read_records, record_name
 
@@ -172,27 +172,26 @@ def scan_log(path: Path, size: int | None = None, completed: bool = False) -> di
         out["last_time"] = parse_stamp(last_line(buf))
         if completed:
             return out
-        traceback = dump = -1
+        # The first traceback is the error; the last dump is where the rank ended (a stall
+        # watchdog's dump comes after any snapshot's, and ends the process).
+        traceback, dump = -1, False
         hit = find_call_order(buf, 0)
-        while hit != -1 and (traceback == -1 or dump == -1):
+        while hit != -1 and traceback == -1:
             if buf[hit + len(CALL_ORDER) : hit + len(CALL_ORDER) + 5] == b"last)":
-                if traceback == -1 and buf[hit - 10 : hit] == b"Traceback ":
+                if buf[hit - 10 : hit] == b"Traceback ":
                     traceback = hit - 10
-            elif dump == -1:
-                dump = hit
+            else:
+                dump = True
             hit = find_call_order(buf, hit + 1)
         if traceback != -1:
             out["error_time"] = parse_stamp(line_at(buf, traceback))
             block_end = buf.find(b"\n\n", traceback)
             tail = bytes(buf[traceback : block_end if block_end != -1 else min(len(buf), traceback + 20000)])
             out["error"], out["frames"] = parse_traceback(tail.decode(errors="replace"))
-        if dump != -1:
-            block = bytes(buf[max(0, dump - 400) : dump + 4000]).decode(errors="replace")
-            header, _, frames = block.partition("(most recent call first):")
-            before = header.rsplit("\n", 2)
-            if len(before) >= 2 and before[-2].startswith(STALL_MARK):  # the watchdog's "Timeout (0:00:12.5)!"
-                out["stalled"] = before[-2].strip()
-            out["dump_frames"] = [s.strip() for s in frames.splitlines() if s.strip().startswith("File ")]
+        elif dump and (last := stack_in(buf)) is not None:
+            if last.kind == "stall":
+                out["stalled"] = last.header
+            out["dump_frames"] = [f'File "{f.file}", line {f.line} in {f.func}' for f in last.frames]
         if traceback == -1:  # no exception: look for signs of a signal near the end
             window = max(0, len(buf) - 65536)
             for word in SIGNAL_WORDS:

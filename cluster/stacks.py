@@ -72,6 +72,7 @@ class Frame:
 class Stack:
     frames: list[Frame]  # innermost first
     kind: str  # "stall" (watchdog), "dump" (signal or snapshot) or "traceback"
+    header: str = ""  # the line before a dump's first thread: the watchdog's "Timeout (0:00:25)!"
 
     def innermost_project(self) -> Frame | None:
         return next((f for f in self.frames if f.project), None)
@@ -97,30 +98,31 @@ def _frames(lines: list[str]) -> list[Frame]:
     return [Frame(m["file"], int(m["line"]), m["func"]) for s in lines if (m := FRAME.search(s))]
 
 
-def last_dump(text: str) -> tuple[list[Frame], bool]:
+def last_dump(text: str) -> Stack:
     """The main thread's frames in the last faulthandler dump of ``text`` (a run of unstamped
-    lines, possibly several dumps: a snapshot after a snapshot), and whether the stall
+    lines, possibly several dumps: a snapshot after a snapshot), as a "stall" when the
     watchdog wrote it (its "Timeout (...)!" line comes first)."""
-    blocks: list[tuple[str, bool, list[str]]] = []  # (thread id, after a Timeout line, frame lines)
+    blocks: list[tuple[str, str, list[str]]] = []  # (thread id, the line before, frame lines)
     previous = ""
     for line in text.splitlines():
         if line.endswith("(most recent call first):"):
-            blocks.append((line.split()[-5], previous.startswith(STALL_MARK), []))
+            blocks.append((line.split()[-5], previous, []))
         elif blocks and line.startswith("  File "):
             blocks[-1][2].append(line)
         if line.strip():
             previous = line
-    dump: list[tuple[str, bool, list[str]]] = []
+    dump: list[tuple[str, str, list[str]]] = []
     for block in reversed(blocks):  # a thread id seen again starts the dump before
         if any(block[0] == b[0] for b in dump):
             break
         dump.insert(0, block)
     if not dump:
-        return [], False
+        return Stack([], "dump")
     threads = [_frames(lines) for _, _, lines in dump]
     # The training thread: not one started by ``threading`` (outermost frame ``_bootstrap``).
     mains = [frames for frames in threads if frames and frames[-1].func != "_bootstrap"]
-    return (mains or threads)[-1], dump[0][1]
+    header = dump[0][1].strip()
+    return Stack((mains or threads)[-1], "stall" if header.startswith(STALL_MARK) else "dump", header)
 
 
 def last_stack(path: Path, since: int = 0) -> Stack | None:
@@ -129,21 +131,25 @@ def last_stack(path: Path, since: int = 0) -> Stack | None:
     if not path.exists() or path.stat().st_size <= since:
         return None
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        dump, trace = buf.rfind(DUMP_HEADER, since), buf.rfind(TRACEBACK, since)
-        if dump == -1 and trace == -1:
-            return None
-        if dump > trace:
-            # A dump is one run of unstamped lines: walk back to its first header.
-            start = buf.rfind(b"\n", 0, dump) + 1
-            while start > 0:
-                prev = buf.rfind(b"\n", 0, start - 1) + 1
-                line = bytes(buf[prev : start - 1]).decode(errors="replace")
-                if STAMP.match(line):
-                    break
-                start = prev
-            frames, stalled = last_dump(bytes(buf[start : len(buf)]).decode(errors="replace"))
-            return Stack(frames, "stall" if stalled else "dump")
-        text = bytes(buf[trace : trace + 200_000]).decode(errors="replace")
+        return stack_in(buf, since)
+
+
+def stack_in(buf: bytes | mmap.mmap, since: int = 0) -> Stack | None:
+    """``last_stack`` of a log already in memory."""
+    dump, trace = buf.rfind(DUMP_HEADER, since), buf.rfind(TRACEBACK, since)
+    if dump == -1 and trace == -1:
+        return None
+    if dump > trace:
+        # A dump is one run of unstamped lines: walk back to its first header.
+        start = buf.rfind(b"\n", 0, dump) + 1
+        while start > 0:
+            prev = buf.rfind(b"\n", 0, start - 1) + 1
+            line = bytes(buf[prev : start - 1]).decode(errors="replace")
+            if STAMP.match(line):
+                break
+            start = prev
+        return last_dump(bytes(buf[start : len(buf)]).decode(errors="replace"))
+    text = bytes(buf[trace : trace + 200_000]).decode(errors="replace")
     lines = []
     for line in text.splitlines()[1:]:
         line = STAMP.sub("", line)

@@ -85,6 +85,16 @@ def test_snapshot_offset_ignores_older_dumps(tmp_path):
     assert stacks.last_stack(path).frames[0].func == "hang_here"
 
 
+def test_a_watchdog_dump_after_a_snapshot_makes_the_rank_stalled(tmp_path):
+    """A snapshot's dump comes first in a hung rank's log; the watchdog's last one decides."""
+    from cluster.logs import scan_log
+
+    scan = scan_log(log(tmp_path / "r.log", dump(HUNG), dump(HUNG, "Timeout (0:00:25)!")))
+    assert scan["stalled"] == "Timeout (0:00:25)!" and scan["error"] is None
+    assert scan["dump_frames"][0] == 'File "/kit/train/faults.py", line 24 in hang_here'
+    assert scan_log(log(tmp_path / "s.log", dump(HUNG)))["stalled"] is None  # a snapshot alone
+
+
 @pytest.mark.parametrize(
     "where, errors, culprits, reason",
     [
