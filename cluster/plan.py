@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from cluster.spec import JobSpec
-from train.config import ConfigError
+from train.config import ConfigError, check_batch_split
 from train.dist_env import PORT_RULE
 from train.parallel.mesh import ParallelDims, resolve_dims
 
@@ -89,12 +89,7 @@ def make_plan(spec: JobSpec) -> Plan:
     per_task = gpus_per_task(spec)
     world, tasks = spec.world_size, spec.ranks_per_node
     dims = resolve_dims(spec.parallel, spec.model, world, tasks)
-    t = spec.train
-    if t.batch_size % (dims.dp * t.grad_accum):
-        raise ConfigError(
-            "train.batch_size",
-            f"{t.batch_size} must be divisible by data-parallel ranks x grad_accum = {dims.dp} x {t.grad_accum}",
-        )
+    check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
     host_prefix = "localhost" if spec.cluster == "local" else "node"
     ranks = []
     for node in range(spec.nodes):

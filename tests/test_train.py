@@ -1,9 +1,11 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tests.conftest import run_module
+from tests.conftest import ROOT, run_module
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import run, setup, train
@@ -79,3 +81,14 @@ def test_cli_trains_and_prints_progress(run_dir):
     result = run_module("train", f"train.run_dir={run_dir}", "train.steps=20", "train.log_every=10")
     assert result.returncode == 0, result.stderr
     assert "step 20/20" in result.stdout and "test_acc" in result.stdout
+
+
+def test_cli_piped_into_head_stops_quietly(run_dir):
+    """`python -m train | head -1`: the reader leaves; the run ends like `cat` would (SIGPIPE's
+    exit status), with no traceback."""
+    argv = [sys.executable, "-m", "train", f"train.run_dir={run_dir}", "train.steps=1000", "train.log_every=1"]
+    train = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert train.stdout.readline().startswith(b"rank 0/1")
+    train.stdout.close()
+    assert train.wait(timeout=120) == 141
+    assert b"Traceback" not in train.stderr.read()

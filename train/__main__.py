@@ -7,6 +7,8 @@ whichever launcher started it.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from train.config import Config, ConfigError, help_text, load
@@ -46,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RankFailed:
         return 1
+    except BrokenPipeError:
+        # The reader went away: exit like a process killed by SIGPIPE, and keep Python's
+        # final flush of stdout from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return 0
 
 

@@ -121,6 +121,15 @@ class TrainConfig:
             raise ConfigError(f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s!r}")
 
 
+def check_batch_split(batch_size: int, dp: int, accum: int) -> None:
+    """The global batch must split evenly over data-parallel ranks and micro-steps; the plan
+    (before submission) and the sampler (on every rank) both ask."""
+    if batch_size % (dp * accum):
+        raise ConfigError(
+            "train.batch_size", f"{batch_size} must be divisible by data-parallel ranks x grad_accum = {dp} x {accum}"
+        )
+
+
 # The names of train.parallel.STRATEGIES (a unit test keeps the two equal): the schema
 # must know them so that the job spec can be validated without importing torch code.
 Strategy = Literal["single", "ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "tp", "model_parallel", "pipeline"]

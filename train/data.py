@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.config import ConfigError, DataConfig, ModelConfig
+from train.config import ConfigError, DataConfig, ModelConfig, check_batch_split
 
 
 @dataclass
@@ -48,11 +48,7 @@ class ShardedSampler:
     """
 
     def __init__(self, n: int, batch_size: int, seed: int, dp_rank: int = 0, dp_size: int = 1, accum: int = 1):
-        if batch_size % (dp_size * accum):
-            raise ConfigError(
-                "train.batch_size",
-                f"{batch_size} must be divisible by data-parallel ranks x grad_accum = {dp_size} x {accum}",
-            )
+        check_batch_split(batch_size, dp_size, accum)
         if batch_size > n:
             raise ConfigError("train.batch_size", f"{batch_size} exceeds data.train_size={n}")
         self.n, self.batch_size, self.seed = n, batch_size, seed

@@ -41,8 +41,10 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
         if record.get("preempted") and env.rank == 0:
             print(f"rank 0: {requeue(env)}", flush=True)
         return record
-    except ConfigError:
-        raise  # a bad layout for this world size: exit 2 at the CLI edge, like any bad key
+    except (ConfigError, BrokenPipeError):
+        # A bad layout for this world size exits 2 at the CLI edge, like any bad key; a closed
+        # stdout (`python -m train | head`) ends the run quietly there, as it would `cat`.
+        raise
     except BaseException:
         # Print now, before tearing the group down: peers see "connection closed" once this
         # process leaves, and the timestamps must show this rank's error first.
