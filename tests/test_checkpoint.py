@@ -37,8 +37,9 @@ def test_resume_is_bitwise_identical(tmp_path):
 @pytest.mark.parametrize(
     "strategy, nprocs",
     # 4-rank DDP: bucket layout must not change at resume (ddp.settle_buckets); pipeline:
-    # stages' optimizer groups must not be deduplicated (checkpoint.OPTIONS). Both broke once.
-    [("ddp", 4), ("fsdp", 2), ("tp", 2), ("pipeline", 4)],
+    # stages' optimizer groups must not be deduplicated (checkpoint._options). Both broke once.
+    # zero1: each rank's momentum shard is saved beside DCP's files.
+    [("ddp", 4), ("fsdp", 2), ("tp", 2), ("pipeline", 4), ("zero1", 2)],
 )
 def test_distributed_resume_is_bitwise_identical(strategy, nprocs, tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"

@@ -2,7 +2,8 @@
 
 Every rank takes part. torch.distributed.checkpoint (DCP) writes the model and optimizer:
 sharded strategies (FSDP, TP, pipeline stages) each write their own shards, replicated
-ones are deduplicated. Each rank adds its own RNG states, grad scaler and step. A save goes
+ones are deduplicated. Each rank adds its own RNG states, grad scaler and step, and under
+ZeRO-1 its shard of the optimizer state (so that run resumes on the same number of ranks). A save goes
 to ``step_N.tmp/``, is renamed to ``step_N/`` once every rank has finished, and only then is
 ``latest`` replaced (temporary file + rename): a process killed at any point leaves the
 previous checkpoint in place and ``latest`` pointing at it. The data position is the step
@@ -41,6 +42,10 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _model(trainable: Trainable) -> torch.nn.Module:
     return trainable.state_modules[0]
 
@@ -54,10 +59,12 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler) -> Path:
     _barrier()
     import torch.distributed.checkpoint as dcp  # imported on use: about a second, most runs never save
 
-    model_sd, optim_sd = _state_dicts(trainable)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    dcp.save(_state_dicts(trainable), checkpoint_id=tmp)
+    shard = trainable.optimizer_shard
     extra = {
         "step": step,
+        "world_size": _world_size(),
+        "optimizer_shard": shard.state_dict() if shard is not None else None,
         "rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
@@ -84,32 +91,50 @@ def latest(ckpt_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def _state_dicts(trainable: Trainable) -> tuple[dict, dict]:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     # Optimizer state keyed per parameter name ("param_groups.<fqn>.lr"), not per group index:
     # pipeline stages hold different parameters, and DCP would otherwise deduplicate their
     # "param_groups.0" entries as if replicated, handing each stage another stage's group.
-    options = StateDictOptions(flatten_optimizer_state_dict=True)
-    return get_state_dict(_model(trainable), trainable.optimizer, options=options)
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _state_dicts(trainable: Trainable) -> dict:
+    """What DCP saves: the model, and the optimizer unless each rank saves its shard."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if trainable.optimizer_shard is not None:
+        return {"model": get_model_state_dict(_model(trainable), options=_options())}
+    model_sd, optim_sd = get_state_dict(_model(trainable), trainable.optimizer, options=_options())
+    return {"model": model_sd, "optim": optim_sd}
 
 
 def load(path: Path, trainable: Trainable, scaler) -> int:
     """Restore model, optimizer, RNG and scaler from ``path``; returns the step it holds."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    model_sd, optim_sd = _state_dicts(trainable)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(
-        _model(trainable),
-        trainable.optimizer,
-        model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
-        options=StateDictOptions(flatten_optimizer_state_dict=True),
-    )
     extra = torch.load(path / f"extra_rank{_rank():05d}.pt", weights_only=False)
+    shard = trainable.optimizer_shard
+    if shard is not None and extra.get("world_size") != _world_size():
+        raise RuntimeError(
+            f"{path} holds ZeRO-1 optimizer shards of {extra.get('world_size')} ranks; this run has "
+            f"{_world_size()}: resume on the same number of ranks, or move the checkpoint away to start over"
+        )
+    state = _state_dicts(trainable)
+    dcp.load(state, checkpoint_id=path)
+    if shard is not None:
+        set_model_state_dict(_model(trainable), state["model"], options=_options())
+        shard.load_state_dict(extra["optimizer_shard"])
+    else:
+        set_state_dict(
+            _model(trainable),
+            trainable.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=_options(),
+        )
     torch.set_rng_state(extra["rng"])
     if extra["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(extra["cuda_rng"])

@@ -44,8 +44,6 @@ def check_supported(cfg: Config, device: torch.device) -> None:
             "TORCH_DISTRIBUTED_DEBUG=DETAIL on gloo (measured with torch 2.13); debug with "
             "parallel.strategy=ddp_naive or ddp_bucketed (the same mathematics)",
         )
-    if cfg.train.ckpt_every and cfg.parallel.strategy == "zero1":
-        raise ConfigError("train.ckpt_every", "checkpoints of zero1's sharded optimizer are not supported yet")
 
 
 def setup(cfg: Config, env: DistEnv) -> tuple[Trainable, Context]:

@@ -73,6 +73,10 @@ class Trainable:
     autocast: bool = True
     # Modules whose parameters count as this rank's state (memory report, checksums).
     state_modules: list[nn.Module] = field(default_factory=list)
+    # ZeRO-1: the optimizer over this rank's partition of the parameters. Checkpoints save it
+    # per rank: DCP cannot see inside ZeroRedundancyOptimizer, whose own state_dict would
+    # first gather every rank's state on one rank.
+    optimizer_shard: torch.optim.Optimizer | None = None
 
 
 def forward_eval(module: nn.Module, chunk: int = 1024) -> Callable[[torch.Tensor, torch.Tensor], tuple[float, float]]:

@@ -14,4 +14,5 @@ def apply_zero1(model: nn.Module, ctx: Context) -> Trainable:
     trainable.optimizer = ZeroRedundancyOptimizer(
         trainable.model.parameters(), optimizer_class=torch.optim.SGD, **ctx.optimizer_kwargs()
     )
+    trainable.optimizer_shard = trainable.optimizer.optim
     return trainable
