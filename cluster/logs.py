@@ -156,17 +156,22 @@ def find_call_order(buf, start: int, hops: int = 64) -> int:
     return buf.find(CALL_ORDER, start)
 
 
-def scan_log(path: Path, size: int | None = None, completed: bool = False) -> dict:
+def scan_log(path: Path | None, completed: bool = False) -> dict:
     """First error (time, exception, frames), stack-dump and signal evidence, the last line's time.
 
     One byte search (C speed) for what tracebacks and faulthandler dumps share,
     "(most recent call ", continued past each hit; a completed rank needs only its last line."""
     out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None, "stalled": None}
-    if size is None:
-        size = path.stat().st_size if path.exists() else 0
-    if not size:
+    if path is None:
         return out
-    with open(path, "rb", buffering=0) as f, contextlib.ExitStack() as stack:
+    try:
+        f = open(path, "rb", buffering=0)
+    except FileNotFoundError:  # removed since the directory was listed
+        return out
+    with f, contextlib.ExitStack() as stack:
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return out
         # Reading a file is faster than mapping it (no page faults); very large ones are mapped.
         buf = f.read() if size < READ_LIMIT else stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
         out["last_time"] = parse_stamp(last_line(buf))
@@ -300,7 +305,7 @@ def rank_reports(
             rep.last_time = max((rec.get("time", 0) for rec in records), default=0) or None
         logs = rank_logs(job_dir, rank, names)
         rep.attempts = max(1, len(logs))
-        scan = scan_log(logs[-1], completed=final) if logs else scan_log(job_dir, size=0)
+        scan = scan_log(logs[-1] if logs else None, completed=final)
         rep.log = str(logs[-1]) if logs else ""
         if scan["last_time"]:
             rep.last_time = max(rep.last_time or 0, scan["last_time"])
