@@ -29,7 +29,7 @@ from pathlib import Path
 
 from cluster import paths, stacks
 from cluster.stacks import CASCADE, LIBRARY_PATH, compress, stack_in
-from train.output import STAMP_LENGTH
+from train.output import STAMP_LENGTH, strip_stamp
 from train.records import log_name, read_records, record_name
 
 # What "Traceback (most recent call last):" and faulthandler's "(most recent call first):"
@@ -109,10 +109,6 @@ def parse_stamp(line: bytes) -> float | None:
         return datetime.fromisoformat(line[: STAMP_LENGTH - 1].decode()).timestamp()
     except (ValueError, UnicodeDecodeError):
         return None
-
-
-def strip_stamp(line: str) -> str:
-    return line[STAMP_LENGTH:] if re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ", line) else line
 
 
 def line_at(buf, pos: int) -> bytes:

@@ -22,17 +22,17 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from train.hangs import STALL_HEADER
+from train.output import STAMPED, strip_stamp
 from train.records import FLIGHT_RECORDER_PREFIX
 
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
-STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")
 # Frames that mean "this rank is inside a collective": torch.distributed itself, and the
 # autograd engine, where DDP and FSDP run their reductions from backward hooks.
 COLLECTIVE_PATH = re.compile(r"torch/distributed/|torch/autograd/")
 TRACEBACK = b"Traceback (most recent call last):"
 DUMP_HEADER = b"(most recent call first):"
-STALL_MARK = "Timeout ("  # faulthandler's header for a timer dump: the stall watchdog fired
 BARRIER = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 MISMATCH = re.compile(
     r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, OpType=(\w+), TensorShape=\[([^\]]*)\]"
@@ -122,7 +122,7 @@ def last_dump(text: str) -> Stack:
     # The training thread: not one started by ``threading`` (outermost frame ``_bootstrap``).
     mains = [frames for frames in threads if frames and frames[-1].func != "_bootstrap"]
     header = dump[0][1].strip()
-    return Stack((mains or threads)[-1], "stall" if header.startswith(STALL_MARK) else "dump", header)
+    return Stack((mains or threads)[-1], "stall" if header.startswith(STALL_HEADER) else "dump", header)
 
 
 def last_stack(path: Path, since: int = 0) -> Stack | None:
@@ -145,14 +145,14 @@ def stack_in(buf: bytes | mmap.mmap, since: int = 0) -> Stack | None:
         while start > 0:
             prev = buf.rfind(b"\n", 0, start - 1) + 1
             line = bytes(buf[prev : start - 1]).decode(errors="replace")
-            if STAMP.match(line):
+            if STAMPED.match(line):
                 break
             start = prev
         return last_dump(bytes(buf[start : len(buf)]).decode(errors="replace"))
     text = bytes(buf[trace : trace + 200_000]).decode(errors="replace")
     lines = []
     for line in text.splitlines()[1:]:
-        line = STAMP.sub("", line)
+        line = strip_stamp(line)
         if line and not line[0].isspace():
             break  # the exception line ends the traceback
         lines.append(line)
