@@ -146,9 +146,7 @@ def scaling_study() -> dict:
 
     say("scaling study: model size x data size x ranks")
     result = scaling.study(scaling.FULL, [1, 2], progress=say)
-    saved = ROOT / "runs" / "scaling" / scaling.FIT_FILE
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(result, indent=1))
+    scaling.save(result, ROOT / "runs" / "scaling")
     return result
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from train.dist_env import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,14 +23,6 @@ def run_module(
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(nprocs: int, *args: str, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ import torch
 
 from train.config import Config, ConfigError, TrainConfig, load
 from train.data import ShardedSampler, make_dataset
-from train.dist_env import DistEnv
+from train.dist_env import DistEnv, free_port
 from train.hangs import StallWatchdog
 from train.loop import run
 from train.model import build_mlp
@@ -100,12 +100,12 @@ def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s
     return {"progress_us": progress_s * 1e6, "rearm_us": arm_s * 1e6, "percent_of_step": 100 * per_step / step_s}
 
 
-def launch(nprocs: int, args: list[str], port: int, run_dir: Path) -> list[list[dict]]:
+def launch(nprocs: int, args: list[str], run_dir: Path) -> list[list[dict]]:
     """Train in ``nprocs`` fresh processes (under torchrun when more than one); every rank's
     step records."""
     cmd = [sys.executable]
     if nprocs > 1:
-        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={port}"]
+        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={free_port()}"]
     cmd += ["-m", "train", *args, f"train.run_dir={run_dir}"]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
@@ -113,7 +113,7 @@ def launch(nprocs: int, args: list[str], port: int, run_dir: Path) -> list[list[
     return step_records(run_dir, nprocs)
 
 
-def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int) -> dict:
+def measure(label: str, nprocs: int, steps: int, overrides: list[str]) -> dict:
     strategy, extra = parse_label(label)
     with tempfile.TemporaryDirectory() as tmp:
         args = bench_config(strategy, steps, tmp, [*overrides, *extra])
@@ -124,7 +124,7 @@ def measure(label: str, nprocs: int, steps: int, overrides: list[str], port: int
         if nprocs == 1:
             record = run(load(Config, None, args), DistEnv(), quiet=True)
             return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes")}
-        records = [steps[-1] for steps in launch(nprocs, args, port, Path(tmp))]
+        records = [steps[-1] for steps in launch(nprocs, args, Path(tmp))]
         return {
             "step_ms": records[0]["step_ms"],
             "samples_per_s": records[0]["samples_per_s"],
@@ -137,11 +137,10 @@ def benchmark(
     strategies: list[str], nprocs: int, rounds: int, steps: int, overrides: list[str], progress=print
 ) -> dict:
     samples: dict[str, list[dict]] = {s: [] for s in strategies}
-    port = 29500 + os.getpid() % 1000
     ranks = {s: 1 if s == "minimal" or parse_label(s)[0] in SINGLE_PROCESS else nprocs for s in strategies}
     for r in range(rounds):
         for s in strategies:
-            result = measure(s, ranks[s], steps, overrides, port)
+            result = measure(s, ranks[s], steps, overrides)
             samples[s].append(result)
             progress(f"round {r + 1}/{rounds}  {s:<14} x{ranks[s]}  {result['samples_per_s']:>10,.0f} samples/s")
     runs = []

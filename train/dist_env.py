@@ -38,6 +38,13 @@ def master_port_for_job(job_id: str | int) -> int:
     return PORT_BASE + int(digits) % PORT_SPAN
 
 
+def free_port() -> int:
+    """A port free on this machine now, for a rendezvous started here (benchmarks, tests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @dataclass(frozen=True)
 class DistEnv:
     rank: int = 0

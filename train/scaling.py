@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,14 +35,21 @@ QUICK = {"dim_hidden": [2, 256, 512, 1024], "train_size": [2048, 8192], "batch":
 FIT_FILE = "scaling.json"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def steps_for(epochs: int, train_size: int, batch: int) -> int:
+    """Optimizer steps for ``epochs`` passes over the data (at least 2: one to warm up)."""
+    return max(2, math.ceil(epochs * train_size / batch))
+
+
+def save(result: dict, run_dir: str | Path) -> Path:
+    """The study's points and fit, where ``--predict`` looks for them."""
+    path = Path(run_dir) / FIT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+    return path
 
 
 def point_args(hidden: int, train_size: int, batch: int, epochs: int, nprocs: int) -> tuple[list[str], int]:
-    steps = max(2, math.ceil(epochs * train_size / batch))
+    steps = steps_for(epochs, train_size, batch)
     args = [
         f"model.dim_hidden={hidden}",
         f"data.train_size={train_size}",
@@ -62,7 +68,7 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
     args, steps = point_args(hidden, train_size, batch, epochs, nprocs)
     cfg = load(Config, None, args)
     with tempfile.TemporaryDirectory() as tmp:
-        records = launch(nprocs, args, free_port(), Path(tmp))[0]
+        records = launch(nprocs, args, Path(tmp))[0]
     # The median of the log intervals after the first (warm-up): a burst of load from
     # elsewhere on the machine moves one interval, not the point.
     step_s = statistics.median(r["step_ms"] for r in records[1:] or records) / 1e3
@@ -204,7 +210,7 @@ def predict(result: dict, overrides: list[str]) -> str:
     cfg = load(Config, None, overrides)
     params, batch = parameter_count(cfg.model), cfg.train.batch_size
     epochs = result["grid"]["epochs"]
-    steps = max(2, math.ceil(epochs * cfg.data.train_size / batch))
+    steps = steps_for(epochs, cfg.data.train_size, batch)
     step_s = step_seconds(result["fit"], params, batch)
     seen = sorted({x["params"] for x in result["fit"]["points"]})
     inside = seen[0] <= params <= seen[-1]
@@ -370,8 +376,7 @@ def main(argv: list[str]) -> int:
         return 2
     log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if args.json else (lambda *a: print(*a, flush=True))
     result = study(QUICK if args.quick else FULL, ranks, progress=log)
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(result, indent=1))
+    save(result, args.run_dir)
     if args.plot:
         plot(result, args.plot)
     print(json.dumps(result, indent=1) if args.json else format_result(result))
