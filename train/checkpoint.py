@@ -3,12 +3,12 @@
 Every rank takes part. torch.distributed.checkpoint (DCP) writes the model and optimizer:
 sharded strategies (FSDP, TP, pipeline stages) each write their own shards, replicated
 ones are deduplicated. Each rank adds its own RNG states, grad scaler and step, and under
-ZeRO-1 its shard of the optimizer state (so that run resumes on the same number of ranks). A save goes
-to ``step_N.tmp/``, is renamed to ``step_N/`` once every rank has finished, and only then is
-``latest`` replaced (temporary file + rename): a process killed at any point leaves the
-previous checkpoint in place and ``latest`` pointing at it. The data position is the step
-itself (the sampler derives the epoch and offset from it), so a resumed run reads exactly
-the batches the uninterrupted one would have.
+ZeRO-1 its shard of the optimizer state (so that run resumes on the same number of ranks).
+A save goes to ``step_N.tmp/``, is renamed to ``step_N/`` once every rank has finished, and
+only then is ``latest`` replaced (temporary file + rename): a process killed at any point
+leaves the previous checkpoint in place and ``latest`` pointing at it. The data position is
+the step itself (the sampler derives the epoch and offset from it), so a resumed run reads
+exactly the batches the uninterrupted one would have.
 """
 
 from __future__ import annotations
