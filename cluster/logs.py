@@ -488,16 +488,16 @@ def plot_step_times(report: Report, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5))
-    for r in report.ranks:
-        if r.step_times:
-            steps, ms = zip(*r.step_times)
-            ax.plot(
-                steps, ms, label=f"rank {r.rank}" + (" (straggler)" if r.straggler else ""), lw=2 if r.straggler else 1
-            )
+    timed = [r for r in report.ranks if r.step_times]
+    for r in timed:
+        steps, ms = zip(*r.step_times)
+        ax.plot(steps, ms, label=f"rank {r.rank}" + (" (straggler)" if r.straggler else ""), lw=2 if r.straggler else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("step time (ms, mean over log interval)")
     ax.set_title(f"step time per rank: {report.job_dir}")
-    if len(report.ranks) <= 16:
+    if not timed:  # ended before its first log interval (train.log_every)
+        ax.text(0.5, 0.5, "no step records yet", ha="center", transform=ax.transAxes)
+    elif len(timed) <= 16:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
