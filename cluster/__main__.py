@@ -103,12 +103,13 @@ def cmd_submit(args) -> int:
         return 0
     from cluster.logs import follow, format_report, inspect
 
+    ended = done.done_saying_why_pending(lambda text: print(text, file=sys.stderr, flush=True))
     if args.json:
-        while not done.done():
+        while not ended():
             time.sleep(1)
     else:
         print("waiting for the job to end; rank 0's output:", flush=True)
-        follow(done.log_dir, [0], stop=done.done, out=lambda line: print(line, flush=True))
+        follow(done.log_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
     report = inspect(done.log_dir, running=False)
     if not args.json:
         print(format_report(report))
@@ -145,8 +146,15 @@ def cmd_status(args) -> int:
 
     job_dir = find_job_dir(args.job, args.log_dir)
     plan = json.loads((job_dir / "plan.json").read_text())
-    state = submit.local_state(job_dir.name) if plan["cluster"] == "local" else submit.slurm_state(job_dir.name)
-    print(json.dumps({"job_id": job_dir.name, "state": state, "log_dir": str(job_dir)}) if args.json else state)
+    if plan["cluster"] == "local":
+        state, reason = submit.local_state(job_dir.name), None
+    else:
+        fields = submit.slurm_job(job_dir.name)
+        state, reason = fields.get("JobState"), submit.pending_reason(fields)
+    if args.json:
+        print(json.dumps({"job_id": job_dir.name, "state": state, "reason": reason, "log_dir": str(job_dir)}))
+    else:
+        print(f"{state}: {reason}" if reason else state)
     return 0
 
 

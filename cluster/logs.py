@@ -323,7 +323,10 @@ def rank_reports(
             rep.state = "running"
         else:
             rep.state = "killed"
-            rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
+            if not logs and rep.last_time is None:  # e.g. cancelled while pending
+                rep.error = "never started: no log and no records"
+            else:
+                rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
             rep.error_time = rep.last_time
             rep.frames = scan.get("dump_frames", [])
         reports.append(rep)

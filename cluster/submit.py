@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +49,25 @@ class Submitted:
     def done(self) -> bool:
         if self.cluster == "local":
             return self.job.done()
-        state = slurm_state(self.job_id)  # not submitit's done(): it needs sacct, i.e. slurmdbd
-        return state is None or state.split()[0] in TERMINAL
+        return slurm_ended(slurm_state(self.job_id))  # not submitit's done(): it needs sacct, i.e. slurmdbd
+
+    def done_saying_why_pending(self, say: Callable[[str], None]) -> Callable[[], bool]:
+        """``done`` for a polling loop that also says why SLURM has not started the job, each
+        time the reason changes: a request the partition cannot satisfy would wait forever."""
+        if self.cluster == "local":
+            return self.done
+        said = None
+
+        def done() -> bool:
+            nonlocal said
+            fields = slurm_job(self.job_id)
+            reason = pending_reason(fields)
+            if reason and reason != said:
+                say(f"job {self.job_id} is pending: {reason}")
+            said = reason
+            return slurm_ended(fields.get("JobState"))
+
+        return done
 
 
 def make_executor(spec: JobSpec, plan: Plan, python: str):
@@ -163,13 +181,44 @@ def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, python: str, sourc
         tmp.replace(job_dir / name)  # atomic: a rank never reads half a config
 
 
+# What a pending job's Reason means for its owner (SLURM's job_reason_codes page): the
+# first ones pass by themselves; the configuration ones need a changed request.
+PENDING_REASONS = {
+    "Resources": "waiting for free nodes",
+    "Priority": "jobs of higher priority come first",
+    "Dependency": "waiting for the jobs it depends on",
+    "BeginTime": "its start time has not come",
+    "PartitionConfig": "it asks more than the partition's nodes have (CPUs, memory, GPUs, node count): "
+    "it will not start as submitted; cancel it and lower cpus_per_task, mem, gpus_per_node or nodes",
+    "PartitionNodeLimit": "more nodes than the partition allows: it will not start as submitted",
+    "PartitionTimeLimit": "a longer time than the partition allows: it will not start as submitted",
+    "BadConstraints": "no node has the requested constraint or features: it will not start as submitted",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+}
+
+
+def slurm_job(job_id: str) -> dict[str, str]:
+    """scontrol's fields of a job (JobState, Reason, NodeList, ...); empty when SLURM forgot it."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
+
+
 def slurm_state(job_id: str) -> str | None:
     """PENDING, RUNNING, COMPLETED, FAILED, ... from scontrol; None when SLURM forgot the job."""
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
-    for field in out.stdout.split():
-        if field.startswith("JobState="):
-            return field.split("=", 1)[1]
-    return None
+    return slurm_job(job_id).get("JobState")
+
+
+def slurm_ended(state: str | None) -> bool:
+    return state is None or state.split()[0] in TERMINAL
+
+
+def pending_reason(fields: dict[str, str]) -> str | None:
+    """Why SLURM has not started a pending job (``slurm_job``'s fields), in words; None when
+    it is not pending."""
+    if fields.get("JobState") != "PENDING":
+        return None
+    reason = fields.get("Reason", "None")
+    return f"{reason} ({PENDING_REASONS[reason]})" if reason in PENDING_REASONS else reason
 
 
 def local_state(job_id: str) -> str:

@@ -91,6 +91,34 @@ def test_bad_specs_exit_2_and_submit_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
+    """The stock multi_node spec asks 8 CPUs per task and 128G per node; the emulated nodes
+    have 4 CPUs and 8000 MB. SLURM accepts such a job and leaves it pending forever: status
+    and --wait say why, and once cancelled, logs says no rank started."""
+    from cluster.submit import Submitted, slurm_job
+
+    result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", wait=False)
+    assert result.returncode == 0, result.stderr
+    try:
+        deadline = time.time() + 60
+        while slurm_job(info["job_id"]).get("Reason") in (None, "None") and time.time() < deadline:
+            time.sleep(0.5)  # the scheduler sets the reason at its next pass
+        status = run_module("cluster", "status", info["job_id"], f"--log-dir={tmp_path}", "--json")
+        assert status.returncode == 0, status.stderr
+        state = json.loads(status.stdout)
+        assert state["state"] == "PENDING" and state["reason"].startswith("PartitionConfig"), state
+        assert "will not start as submitted" in state["reason"]
+        said = []
+        ended = Submitted(info["job_id"], tmp_path, "slurm", None).done_saying_why_pending(said.append)
+        assert not ended() and not ended()
+        assert said == [f"job {info['job_id']} is pending: {state['reason']}"]  # once per reason
+    finally:
+        subprocess.run(["scancel", info["job_id"]], check=False)
+    wait_state(info["job_id"], ("CANCELLED", "GONE"), timeout=30)
+    code, report = logs_json(tmp_path / "multi-node" / info["job_id"])
+    assert report["first_failure"]["error"] == "never started: no log and no records"
+
+
 def test_rendered_script_runs_with_plain_sbatch(tmp_path):
     """The script `render` writes is what users submit with sbatch themselves: it must train."""
     from cluster.submit import TERMINAL
