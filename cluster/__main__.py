@@ -7,10 +7,11 @@ nothing is submitted before the spec and its plan are valid.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from cluster.spec import JobSpec
@@ -102,14 +103,19 @@ def cmd_submit(args) -> int:
     if not args.wait:
         return 0
     from cluster.logs import follow, format_report, inspect
+    from cluster.poll import wait_until
+    from cluster.submit import NeverStarts
 
     ended = done.done_saying_why_pending(lambda text: print(text, file=sys.stderr, flush=True))
-    if args.json:
-        while not ended():
-            time.sleep(1)
-    else:
-        print("waiting for the job to end; rank 0's output:", flush=True)
-        follow(done.log_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
+    try:
+        if args.json:  # no limit: the job has its own time limit, and a person can interrupt
+            wait_until(ended, math.inf, f"job {done.job_id} to end", interval=1.0)
+        else:
+            print("waiting for the job to end; rank 0's output:", flush=True)
+            follow(done.log_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
+    except NeverStarts as exc:
+        print(f"error: {exc}; cancel it: python -m cluster cancel {done.log_dir}", file=sys.stderr)
+        return 1
     report = inspect(done.log_dir, running=False)
     if not args.json:
         print(format_report(report))
@@ -120,13 +126,19 @@ def cmd_preflight(args) -> int:
     import re
 
     from cluster import paths
-    from cluster.submit import submit
+    from cluster.poll import WaitTimeout, wait_until
+    from cluster.submit import NeverStarts, cancel, submit
 
     spec, plan = load_spec(args.job, args.overrides)
     done = submit(spec, plan, node_python(spec), source=args.job, preflight_only=True)
     print(f"preflight job {done.job_id}: {plan.world_size} rank(s); logs: {done.log_dir}", flush=True)
-    while not done.done():
-        time.sleep(1)
+    say = lambda text: print(text, file=sys.stderr, flush=True)
+    try:
+        wait_until(done.done_saying_why_pending(say), args.timeout, f"preflight job {done.job_id} to end", 1.0)
+    except (WaitTimeout, NeverStarts) as exc:
+        print(f"preflight FAILED: {exc}; cancelling job {done.job_id}")
+        cancel(spec.cluster, done.job_id, done.log_dir, 10.0, say)
+        return 1
     rank0 = paths.preflight_log(done.log_dir, 0)
     text = rank0.read_text() if rank0.exists() else ""
     print(text, end="")
@@ -147,7 +159,7 @@ def cmd_status(args) -> int:
     job_dir = find_job_dir(args.job, args.log_dir)
     plan = json.loads((job_dir / "plan.json").read_text())
     if plan["cluster"] == "local":
-        state, reason = submit.local_state(job_dir.name), None
+        state, reason = submit.local_state(job_dir.name, job_dir), None
     else:
         fields = submit.slurm_job(job_dir.name)
         state, reason = fields.get("JobState"), submit.pending_reason(fields)
@@ -163,7 +175,8 @@ def cmd_cancel(args) -> int:
 
     job_dir = find_job_dir(args.job, args.log_dir)
     plan = json.loads((job_dir / "plan.json").read_text())
-    submit.cancel(plan["cluster"], job_dir.name)
+    say = lambda text: print(text, file=sys.stderr, flush=True)
+    submit.cancel(plan["cluster"], job_dir.name, job_dir, args.grace, say)
     print(f"cancelled {job_dir.name}")
     return 0
 
@@ -199,6 +212,7 @@ def cmd_logs(args) -> int:
 
 def cmd_snapshot(args) -> int:
     from cluster import logs, stacks, submit
+    from cluster.poll import WaitTimeout, wait_until
     from train.hangs import DUMP_SIGNAL
 
     job_dir = find_job_dir(args.job, args.log_dir)
@@ -210,12 +224,15 @@ def cmd_snapshot(args) -> int:
     sizes = {r.rank: Path(r.log).stat().st_size for r in live}
     submit.signal_ranks(plan["cluster"], job_dir.name, [r.pid for r in live if r.pid], DUMP_SIGNAL)
     found: dict = {}
-    deadline = time.monotonic() + args.timeout
-    while len(found) < len(live) and time.monotonic() < deadline:
-        time.sleep(0.5)
+
+    def every_stack() -> bool:
         for r in live:
             if r.rank not in found and (stack := stacks.last_stack(Path(r.log), since=sizes[r.rank])):
                 found[r.rank] = stack
+        return len(found) == len(live)
+
+    with contextlib.suppress(WaitTimeout):  # the verdict names the ranks that did not answer
+        wait_until(every_stack, args.timeout, "every rank's stack")
     verdict = stacks.classify(found, {}, snapshot=True)
     verdict["missing"] = sorted({r.rank for r in live} - set(found))
     if args.native and submit.py_spy():
@@ -265,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run only the preflight check on the spec's allocation: every rank joins, "
         "collectives verified, bus bandwidth, /dev/shm and GPUs per node; exit 0/1",
     )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the check (queue time included)")
     p.set_defaults(func=cmd_preflight)
     p = with_spec("submit", "submit through submitit (SLURM, or the local executor for cluster: local)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
@@ -286,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--log-dir", default="runs", help="where to look for a job id (default: runs)")
         if name == "status":
             p.add_argument("--json", action="store_true")
+        if name == "cancel":
+            p.add_argument("--grace", type=float, default=20.0, help="seconds before what is left gets SIGKILL")
         if name == "logs":
             p.add_argument("--json", action="store_true", help="one object: ranks, first_failure, cascade, ...")
             p.add_argument("--rank", type=int, help="print this rank's log (all attempts)")

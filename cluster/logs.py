@@ -229,12 +229,11 @@ def job_is_running(job_dir: Path, plan: dict | None) -> bool | None:
 
     job_id = job_dir.name
     if plan["cluster"] == "local":
-        return submit.local_state(job_id) == "RUNNING"
+        return submit.local_state(job_id, job_dir) == "RUNNING"
     try:
-        state = submit.slurm_state(job_id)
-    except FileNotFoundError:
+        return not submit.slurm_ended(submit.slurm_state(job_id))
+    except FileNotFoundError:  # no scontrol here: a job directory copied from elsewhere
         return None
-    return state in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED")
 
 
 def inspect(

@@ -82,7 +82,7 @@ def _q(word: str) -> str:
     return shlex.quote(word)
 
 
-def render(spec: JobSpec, plan: Plan, python: str, source: str = "") -> str:
+def render(spec: JobSpec, plan: Plan, python: str, source: str = "", preflight_only: bool = False) -> str:
     job_dir = f"{paths.job_root(spec.log_dir, spec.name)}/$SLURM_JOB_ID"
     config_path = f"$JOB_DIR/{paths.TRAIN_CONFIG}"
     lines = ["#!/bin/bash"]
@@ -119,7 +119,7 @@ def render(spec: JobSpec, plan: Plan, python: str, source: str = "") -> str:
     plan_json = json.dumps(plan_record(spec, plan), separators=(",", ":"))
     lines += ["# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{paths.PLAN}\" <<'PLAN_JSON'"]
     lines += [plan_json, "PLAN_JSON", ""]
-    if spec.preflight:
+    if spec.preflight or preflight_only:
         check = ["srun", *srun_options(spec), f"--output=$JOB_DIR/{paths.SRUN_PREFLIGHT_LOG}"]
         command = " ".join(_q(w) for w in preflight_command(spec, python))
         lines += [
@@ -127,7 +127,8 @@ def render(spec: JobSpec, plan: Plan, python: str, source: str = "") -> str:
             " \\\n  ".join([*(_q(w) for w in check), command]),
             "",
         ]
-    srun = ["srun", *srun_options(spec), f"--output=$JOB_DIR/{paths.SRUN_RANK_LOG}"]
-    command = " ".join(_q(w) for w in rank_command(spec, python, config_path, "$JOB_DIR"))
-    lines.append(" \\\n  ".join([*(_q(w) for w in srun), command]))
+    if not preflight_only:
+        srun = ["srun", *srun_options(spec), f"--output=$JOB_DIR/{paths.SRUN_RANK_LOG}"]
+        command = " ".join(_q(w) for w in rank_command(spec, python, config_path, "$JOB_DIR"))
+        lines.append(" \\\n  ".join([*(_q(w) for w in srun), command]))
     return "\n".join(lines) + "\n"

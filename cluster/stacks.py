@@ -43,7 +43,8 @@ CASCADE = re.compile(
     r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET|ECONNREFUSED|"
     r"Connection refused|timed out|[Tt]imeout|Watchdog caught|NCCL communicator was aborted|"
     r"ProcessGroupNCCL.*abort|terminated by signal|SIGTERM|Terminated|forcing job termination|"
-    r"DistNetworkError|DistBackendError|Socket Timeout|ProcessGroupGloo.*(?:closed|reset)"
+    r"DistNetworkError|DistBackendError|Socket Timeout|ProcessGroupGloo.*(?:closed|reset)|"
+    r"loss is non-finite on another rank"
 )
 # Labels for grouping the waiting ranks' own DETAIL-mode errors in a cascade.
 DETAIL_LABEL = re.compile(

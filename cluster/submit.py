@@ -20,23 +20,25 @@ from pathlib import Path
 
 import yaml
 
-from cluster import paths
+from cluster import paths, processes
 from cluster.plan import Plan, plan_record
-from cluster.render import render, srun_options
+from cluster.poll import WaitTimeout, wait_until
+from cluster.render import render
 from cluster.spec import JobSpec
 from cluster.task import run_rank
+from train.config import ConfigError
+from train.records import read_records
 
-TERMINAL = (
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "PREEMPTED",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-)
+# SLURM's job states (squeue, scontrol), once: "waiting" (not started, or back in the queue),
+# "running" (processes may be alive, COMPLETING included) or "ended". Submit, status and
+# logs all ask this table.
+SLURM_STATES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"), "waiting"),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"), "running"),
+    **dict.fromkeys(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                     "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"), "ended"),
+}  # fmt: skip
+TERMINAL = tuple(state for state, kind in SLURM_STATES.items() if kind == "ended")
 
 
 @dataclass
@@ -44,16 +46,16 @@ class Submitted:
     job_id: str
     log_dir: Path
     cluster: str
-    job: object  # the submitit Job
 
     def done(self) -> bool:
-        if self.cluster == "local":
-            return self.job.done()
-        return slurm_ended(slurm_state(self.job_id))  # not submitit's done(): it needs sacct, i.e. slurmdbd
+        if self.cluster == "local":  # every process of it, not only submitit's controller
+            return local_state(self.job_id, self.log_dir) != "RUNNING"
+        return slurm_ended(slurm_state(self.job_id))
 
     def done_saying_why_pending(self, say: Callable[[str], None]) -> Callable[[], bool]:
         """``done`` for a polling loop that also says why SLURM has not started the job, each
-        time the reason changes: a request the partition cannot satisfy would wait forever."""
+        time the reason changes; a reason that means it never will ends the wait with
+        :class:`NeverStarts`."""
         if self.cluster == "local":
             return self.done
         said = None
@@ -65,52 +67,29 @@ class Submitted:
             if reason and reason != said:
                 say(f"job {self.job_id} is pending: {reason}")
             said = reason
+            if fields.get("Reason") in NEVER_STARTS and fields.get("JobState") == "PENDING":
+                raise NeverStarts(f"job {self.job_id} will not start as submitted: {reason}")
             return slurm_ended(fields.get("JobState"))
 
         return done
 
 
-def make_executor(spec: JobSpec, plan: Plan, python: str):
+class NeverStarts(RuntimeError):
+    """SLURM keeps the job pending for a reason that no waiting removes."""
+
+
+def local_executor(spec: JobSpec, plan: Plan):
     import submitit
 
     folder = paths.submitit_folder(spec.log_dir, spec.name)
     setup = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())] + list(spec.setup)
-    if spec.cluster == "local":
-        executor = submitit.LocalExecutor(folder=folder)
-        executor.update_parameters(
-            nodes=1,
-            tasks_per_node=plan.tasks_per_node,
-            gpus_per_node=spec.gpus_per_node,
-            timeout_min=spec.time_minutes,
-            setup=setup,
-        )
-        return executor
-    if spec.container.runtime == "apptainer":
-        python = f"apptainer exec --nv {' '.join(f'--bind={m}' for m in spec.container.mounts)} {spec.container.image} {python}"
-    executor = submitit.SlurmExecutor(folder=folder, python=python)
-    gpus = {}
-    if plan.gpus_per_task:
-        gpus = (
-            {"gpus_per_task": plan.gpus_per_task}
-            if spec.gpu_binding == "per_task"
-            else {"gpus_per_node": spec.gpus_per_node}
-        )
-    extra = {"open-mode": "append", "requeue" if spec.requeue else "no-requeue": True}
-    extra.update(dict(opt[2:].split("=", 1) if "=" in opt else (opt[2:], True) for opt in spec.sbatch_extra))
-    optional = {k: getattr(spec, k) for k in ("partition", "account", "qos", "constraint", "mem") if getattr(spec, k)}
+    executor = submitit.LocalExecutor(folder=folder)
     executor.update_parameters(
-        job_name=spec.name,
-        nodes=spec.nodes,
-        ntasks_per_node=plan.tasks_per_node,
-        cpus_per_task=spec.cpus_per_task,
-        time=spec.time_minutes,
-        exclusive=spec.exclusive or None,
+        nodes=1,
+        tasks_per_node=plan.tasks_per_node,
+        gpus_per_node=spec.gpus_per_node,
+        timeout_min=spec.time_minutes,
         setup=setup,
-        srun_args=srun_options(spec),
-        additional_parameters=extra,
-        stderr_to_stdout=True,
-        **gpus,
-        **optional,
     )
     return executor
 
@@ -137,20 +116,42 @@ def stdio_to(path: Path):
 
 
 def submit(spec: JobSpec, plan: Plan, python: str, source: str = "", preflight_only: bool = False) -> Submitted:
-    executor = make_executor(spec, plan, python)
-    root = paths.job_root(spec.log_dir, spec.name)
-    detach = (
-        stdio_to(paths.local_controller_log(spec.log_dir, spec.name))
-        if spec.cluster == "local"
-        else contextlib.nullcontext()
-    )
-    with detach:
-        job = executor.submit(
-            run_rank, as_overrides(spec.train_dict()), str(root), spec.preflight or preflight_only, not preflight_only
+    """Local jobs through submitit's local executor; SLURM jobs as ``sbatch`` of the rendered
+    script itself, so what ``render`` prints and ``--dry-run`` shows is exactly what SLURM
+    receives (submitit's SLURM executor would write its own ``--signal=USR2@90``)."""
+    script = render(spec, plan, python, source, preflight_only=preflight_only)
+    if spec.cluster == "local":
+        with stdio_to(paths.local_controller_log(spec.log_dir, spec.name)):
+            job_id = (
+                local_executor(spec, plan)
+                .submit(
+                    run_rank,
+                    as_overrides(spec.train_dict()),
+                    str(paths.job_root(spec.log_dir, spec.name)),
+                    spec.preflight or preflight_only,
+                    not preflight_only,
+                )
+                .job_id
+            )
+    else:
+        job_id = sbatch(spec, script)
+    job_dir = paths.job_dir(spec.log_dir, spec.name, str(job_id))
+    write_job_files(job_dir, spec, plan, script)
+    return Submitted(str(job_id), job_dir, spec.cluster)
+
+
+def sbatch(spec: JobSpec, script: str) -> str:
+    """Submit ``script`` on standard input; the job id. SLURM's refusal is bad input (exit 2)."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError(
+            "cluster", "sbatch is not on PATH: this machine is no SLURM submit host (cluster=local runs here)"
         )
-    job_dir = paths.job_dir(spec.log_dir, spec.name, job.job_id)
-    write_job_files(job_dir, spec, plan, python, source)
-    return Submitted(str(job.job_id), job_dir, spec.cluster, job)
+    # SLURM does not create the directory of --output: without it the job dies at launch.
+    paths.batch_output(spec.log_dir, spec.name).parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ConfigError("sbatch", f"SLURM refused the job: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().split(";")[0]
 
 
 def as_overrides(tree: dict, prefix: str = "") -> list[str]:
@@ -164,14 +165,14 @@ def as_overrides(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
-def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, python: str, source: str) -> None:
-    """plan.json, the equivalent sbatch script, the spec and the training config, beside the logs."""
+def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, script: str) -> None:
+    """plan.json, the sbatch script (submitted, or equivalent), the spec and the training config."""
     from dataclasses import asdict
 
     job_dir.mkdir(parents=True, exist_ok=True)
     files = {
         paths.PLAN: json.dumps(plan_record(spec, plan), indent=1),
-        paths.SCRIPT: render(spec, plan, python, source),
+        paths.SCRIPT: script,
         paths.SPEC: yaml.safe_dump(asdict(spec), sort_keys=False),
         paths.TRAIN_CONFIG: yaml.safe_dump(spec.train_dict(), sort_keys=False),
     }
@@ -195,6 +196,7 @@ PENDING_REASONS = {
     "BadConstraints": "no node has the requested constraint or features: it will not start as submitted",
     "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
 }
+NEVER_STARTS = {"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints"}
 
 
 def slurm_job(job_id: str) -> dict[str, str]:
@@ -209,7 +211,8 @@ def slurm_state(job_id: str) -> str | None:
 
 
 def slurm_ended(state: str | None) -> bool:
-    return state is None or state.split()[0] in TERMINAL
+    """True once the job is over, or SLURM forgot it; an unknown state counts as not over."""
+    return state is None or SLURM_STATES.get(state.split()[0]) == "ended"
 
 
 def pending_reason(fields: dict[str, str]) -> str | None:
@@ -218,24 +221,42 @@ def pending_reason(fields: dict[str, str]) -> str | None:
     if fields.get("JobState") != "PENDING":
         return None
     reason = fields.get("Reason", "None")
+    if reason == "None":  # not yet looked at by the scheduler
+        return None
     return f"{reason} ({PENDING_REASONS[reason]})" if reason in PENDING_REASONS else reason
 
 
-def local_state(job_id: str) -> str:
-    try:
-        os.kill(int(job_id), 0)
-    except (ProcessLookupError, ValueError):
-        return "ENDED"
-    return "RUNNING"
+def local_processes(job_id: str, job_dir: Path | None) -> set[int]:
+    """The live processes of a local job: submitit's controller (the job id), the ranks its
+    start records name (also when orphaned by a controller that died), and their children."""
+    controller = int(job_id) if job_id.isdigit() else None
+    pids = {controller} if controller and "submitit" in processes.command_line(controller) else set()
+    for path in job_dir.glob("rank_*.jsonl") if job_dir is not None and job_dir.is_dir() else ():
+        for rec in read_records(path):
+            pid = rec.get("pid") if rec.get("event") == "start" else None
+            # A pid from records can be reused by an unrelated process: keep only ours.
+            if pid and processes.alive(pid) and "python" in processes.command_line(pid):
+                pids.add(pid)
+    return {p for p in processes.with_descendants(pids) if processes.alive(p)}
 
 
-def cancel(cluster: str, job_id: str) -> None:
+def local_state(job_id: str, job_dir: Path | None = None) -> str:
+    return "RUNNING" if local_processes(job_id, job_dir) else "ENDED"
+
+
+def cancel(cluster: str, job_id: str, job_dir: Path | None, grace_s: float, say: Callable[[str], None]) -> None:
+    """End every process of the job: politely, then SIGKILL after ``grace_s``, saying so."""
     if cluster == "local":
-        # The local job id is submitit's controller pid. SIGINT makes it stop its tasks
-        # (SIGINT, then SIGKILL); SIGTERM would not: submitit treats it as a preemption notice.
-        os.kill(int(job_id), signal.SIGINT)
-    else:
-        subprocess.run(["scancel", job_id], check=True)
+        # SIGINT: submitit's controller stops its tasks, and a Python rank stops where it is;
+        # SIGTERM would not do (submitit treats it as a preemption notice).
+        processes.end(local_processes(job_id, job_dir), signal.SIGINT, grace_s, say)
+        return
+    subprocess.run(["scancel", job_id], check=True)
+    try:
+        wait_until(lambda: slurm_ended(slurm_state(job_id)), grace_s, f"job {job_id} to end", 0.5)
+    except WaitTimeout:
+        say(f"job {job_id} still {slurm_state(job_id)} {grace_s:g} s after scancel: sending SIGKILL to all its steps")
+        subprocess.run(["scancel", "--signal=KILL", "--full", job_id], check=False)
 
 
 def signal_ranks(cluster: str, job_id: str, pids: list[int], sig: signal.Signals) -> None:

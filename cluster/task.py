@@ -12,19 +12,19 @@ from pathlib import Path
 
 
 def run_rank(train_args: list[str], job_root: str, preflight: bool = False, train: bool = True) -> None:
-    """Preflight (when asked), then training, in this task's process."""
+    """Preflight (when asked), then training, in this task's process, which then leaves
+    without interpreter finalization (``train.__main__.leave``: gloo can abort it there)."""
     import submitit
+
+    from train.__main__ import leave
 
     job_dir = Path(job_root) / str(submitit.JobEnvironment().job_id)
     if preflight:
         from train.preflight import main as preflight_main
 
         code = preflight_main(["--log-dir", str(job_dir)])
-        if code:
-            raise SystemExit(code)
-    if train:
-        from train.__main__ import main as train_main
+        if code or not train:
+            leave(code)
+    from train.__main__ import main as train_main
 
-        code = train_main(["--rank-log", *train_args, f"train.run_dir={job_dir}"])
-        if code:
-            raise SystemExit(code)
+    leave(train_main(["--rank-log", *train_args, f"train.run_dir={job_dir}"]))

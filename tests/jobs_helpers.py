@@ -3,9 +3,9 @@
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
+from cluster.poll import wait_until
 from tests.conftest import run_module
 from train.records import read_records, record_name
 
@@ -25,27 +25,33 @@ def logs_json(job_dir: Path, *extra: str):
 
 def wait_for_step(job_dir: Path, rank: int, step: int, timeout: float = 120) -> dict:
     """Wait until ``rank`` has logged ``step``; return its start record (with its pid)."""
-    deadline = time.time() + timeout
     path = job_dir / record_name(rank)
-    while time.time() < deadline:
-        if path.exists():
-            records = list(read_records(path))
-            starts = [r for r in records if r["event"] == "start"]
-            if any(r["event"] == "step" and r["step"] >= step for r in records):
-                return starts[-1]
-        time.sleep(0.2)
-    raise TimeoutError(f"rank {rank} did not reach step {step} in {timeout} s")
+
+    def start_record():
+        records = list(read_records(path)) if path.exists() else []
+        if any(r["event"] == "step" and r["step"] >= step for r in records):
+            return [r for r in records if r["event"] == "start"][-1]
+
+    return wait_until(start_record, timeout, f"rank {rank} to reach step {step}", 0.2)
+
+
+def wait_for_line(path: Path, text: str, timeout: float = 60) -> None:
+    """Wait until the log ``path`` holds ``text`` (the event itself, not a guess of its time)."""
+    wait_until(lambda: path.exists() and text in path.read_text(errors="replace"), timeout, f"{text!r} in {path}", 0.2)
 
 
 def kill_rank(start_record: dict) -> None:
     os.kill(start_record["pid"], signal.SIGKILL)
 
 
-def kill_rank_and_wait_end(job_dir: Path, rank: int, ended, limit_s: float = 60) -> float:
-    """SIGKILL ``rank`` once it is training; return how long the job took to end after it."""
+def kill_rank_and_wait_end(job_dir: Path, rank: int, ended, limit_s: float = 60) -> None:
+    """SIGKILL ``rank`` once it is training; the job must end by itself (fail-fast), within a
+    generous timeout (WaitTimeout otherwise): how fast it ends is the benchmark's."""
     kill_rank(wait_for_step(job_dir, rank, 10))
-    killed_at = time.time()
-    while not ended():
-        assert time.time() - killed_at < limit_s, f"the job outlived its killed rank by {limit_s:.0f} s"
-        time.sleep(0.5)
-    return time.time() - killed_at
+    wait_until(ended, limit_s, "the job to end after its rank was killed")
+
+
+def cancel(job_dir: Path) -> None:
+    """``python -m cluster cancel``, as a user would; it must leave no process behind."""
+    result = run_module("cluster", "cancel", str(job_dir), timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -47,6 +47,11 @@ def test_override_sets_typed_value(override, check):
         ("train.steps", "train.steps", "malformed override"),
         ("=3", "=3", "malformed override"),
         ("train.steps=[1", "train.steps", "not valid YAML"),
+        ("optim.lr=nan", "optim.lr", "finite"),
+        ("optim.lr=.nan", "optim.lr", "finite"),
+        ("optim.momentum=.inf", "optim.momentum", "finite"),
+        ("train.timeout_s=-inf", "train.timeout_s", "finite"),
+        ("data.separation=1e400", "data.separation", "finite"),
     ],
 )
 def test_bad_override_names_the_key(override, key, words):
@@ -77,6 +82,14 @@ def test_bad_files(tmp_path, text, words):
     path.write_text(text)
     with pytest.raises(ConfigError, match=words):
         load(Config, path)
+
+
+def test_binary_file_is_named_not_a_traceback(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="not a text file") as err:
+        load(Config, path)
+    assert err.value.key == str(path)
 
 
 def test_missing_file_is_named(tmp_path):

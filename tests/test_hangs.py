@@ -8,7 +8,6 @@ import json
 import pickle
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from cluster import stacks
 from cluster.logs import inspect
 from tests.conftest import ROOT, run_module
-from tests.jobs_helpers import logs_json, submit, wait_for_step
+from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line
 from train.records import FLIGHT_RECORDER_PREFIX
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -193,9 +192,8 @@ def test_watchdog_fires_while_the_main_thread_holds_the_gil_in_c():
         "    re.match(r'(a|aa)+$', 'a' * 60 + 'b')\n"
         "stuck_in_c()\n"
     )
-    start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and time.monotonic() - start < 20
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
     assert "Timeout (0:00:01.250000)!" in done.stderr and "in stuck_in_c" in done.stderr
 
 
@@ -205,10 +203,9 @@ HANG = ["train.steps=100000", "train.log_every=5", "train.hang_at_step=20", "tra
 
 @pytest.mark.slow
 def test_local_hang_ends_fast_and_names_the_stuck_rank(tmp_path):
-    start = time.monotonic()
-    result, info = submit("jobs/local.yaml", tmp_path, *HANG, "train.stall_timeout_s=10", timeout=120)
-    took = time.monotonic() - start
-    assert result.returncode == 1 and took < 60, (took, result.stderr[-2000:])
+    # Without the watchdog this job would run 100,000 steps: that it ends at all is the check.
+    result, info = submit("jobs/local.yaml", tmp_path, *HANG, "train.stall_timeout_s=10", timeout=240)
+    assert result.returncode == 1, result.stderr[-2000:]
     code, report = logs_json(tmp_path / "local" / info["job_id"])
     assert code.returncode == 1
     assert report["first_failure"]["rank"] == 2 and "hang_here" in report["first_failure"]["error"]
@@ -235,14 +232,13 @@ def test_debug_collectives_with_torch_ddp_on_gloo_is_refused_before_it_crashes()
 
 @pytest.mark.slow
 def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_running(tmp_path):
-    from cluster.submit import cancel, local_state
+    from cluster.submit import local_processes, local_state
 
     result, info = submit("jobs/local.yaml", tmp_path, *HANG, "train.stall_timeout_s=0", wait=False)
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "local" / info["job_id"]
     try:
-        wait_for_step(job_dir, 0, 15)
-        time.sleep(2)  # rank 2 is now in hang_here, the others in their collective
+        wait_for_line(job_dir / "rank_00002.log", "hangs on purpose")
         snap = run_module("cluster", "snapshot", str(job_dir), "--json")
         verdict = json.loads(snap.stdout)
         assert snap.returncode == 0 and verdict["culprits"] == [2] and verdict["missing"] == []
@@ -252,4 +248,5 @@ def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_runni
         assert "stands out: rank(s) 2" in text
         assert "native (py-spy)" in text and "hang_here" in text.split("rank 2, native")[1]
     finally:
-        cancel("local", info["job_id"])
+        cancel(job_dir)
+    assert local_processes(info["job_id"], job_dir) == set()  # cancel ends every process of the job

@@ -1,8 +1,5 @@
 """The log inspector on synthetic job directories (real failures are in test_local_jobs/test_slurm)."""
 
-import subprocess
-import time
-
 from cluster.logs import compress, inspect, parse_traceback
 from cluster.synthetic import START, make_job
 
@@ -48,14 +45,10 @@ def test_compress():
     assert compress([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
-def test_triage_speed_vs_grep(tmp_path):
-    """A scaled-down version of the benchmark (docs/benchmarks.md has 1024 ranks x 5,000 lines)."""
+def test_triage_of_many_ranks(tmp_path):
+    """The benchmark's synthetic job, scaled down (its speed against grep is the benchmark's:
+    docs/benchmarks.md, 1024 ranks x 5,000 lines); 128 ranks take the multi-process path."""
     job = make_job(tmp_path, world=128, lines=2000, crash_rank=77)
-    start = time.perf_counter()
-    subprocess.run(["grep", "-l", "Traceback", *map(str, sorted(job.glob("rank_*.log")))], capture_output=True)
-    grep_s = time.perf_counter() - start
-    start = time.perf_counter()
     report = inspect(job, running=False)
-    ours = time.perf_counter() - start
     assert report.first_failure["rank"] == 77
-    assert ours < max(1.0, 20 * grep_s), (ours, grep_s)  # loose here; the benchmark reports the ratio
+    assert sorted(r for ranks in report.cascade.values() for r in ranks) == [r for r in range(128) if r != 77]

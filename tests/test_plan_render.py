@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -52,23 +51,19 @@ def test_tensor_groups_stay_inside_nodes():
     assert all(len(nodes) == 1 for nodes in groups.values())
 
 
-def test_plan_of_1024_nodes_is_fast():
-    s = spec("nodes=1024", "gpus_per_node=8", "parallel.strategy=ddp", "train.batch_size=65536")
-    start = time.perf_counter()
-    plan = make_plan(s)
-    data = json.dumps(plan.to_json())
-    elapsed = time.perf_counter() - start
-    assert plan.world_size == 8192 and elapsed < 0.5, elapsed
-    assert len(data) > 0
+def test_plan_of_1024_nodes():
+    """Correctness only: how fast it is belongs to the benchmark (make bench, "plan")."""
+    plan = make_plan(spec("nodes=1024", "gpus_per_node=8", "parallel.strategy=ddp", "train.batch_size=65536"))
+    data = json.loads(json.dumps(plan.to_json()))
+    assert plan.world_size == 8192 == len(data["ranks"])
+    assert data["ranks"][8191] | {"node": 1023, "local_rank": 7, "gpu": 7} == data["ranks"][8191]
 
 
-def test_plan_cli_json_1024_nodes_under_half_a_second_of_work():
-    start = time.perf_counter()
+def test_plan_cli_json_1024_nodes():
     result = run_module("cluster", "plan", "jobs/multi_node.yaml", "nodes=1024", "gpus_per_node=8",
                         "train.batch_size=65536", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["ranks"]) == 8192
-    assert time.perf_counter() - start < 5  # includes starting Python; the plan itself is tested above
 
 
 # At least 15 bad specs: each exits 2 naming the key (or file); see also the SLURM tier,

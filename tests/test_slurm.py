@@ -6,13 +6,13 @@ root); where it cannot work (not root, no apt) these tests skip with the printed
 
 import json
 import subprocess
-import time
 
 import pytest
 
 from cluster import minicluster
+from cluster.poll import wait_until
 from tests.conftest import run_module
-from tests.jobs_helpers import kill_rank_and_wait_end, logs_json, submit, wait_for_step
+from tests.jobs_helpers import kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.test_plan_render import BAD
 from train.records import read_records
 
@@ -100,16 +100,15 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
     result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", wait=False)
     assert result.returncode == 0, result.stderr
     try:
-        deadline = time.time() + 60
-        while slurm_job(info["job_id"]).get("Reason") in (None, "None") and time.time() < deadline:
-            time.sleep(0.5)  # the scheduler sets the reason at its next pass
+        # the scheduler sets the reason at its next pass
+        wait_until(lambda: slurm_job(info["job_id"]).get("Reason") not in (None, "None"), 60, "a pending reason")
         status = run_module("cluster", "status", info["job_id"], f"--log-dir={tmp_path}", "--json")
         assert status.returncode == 0, status.stderr
         state = json.loads(status.stdout)
         assert state["state"] == "PENDING" and state["reason"].startswith("PartitionConfig"), state
         assert "will not start as submitted" in state["reason"]
         said = []
-        ended = Submitted(info["job_id"], tmp_path, "slurm", None).done_saying_why_pending(said.append)
+        ended = Submitted(info["job_id"], tmp_path, "slurm").done_saying_why_pending(said.append)
         assert not ended() and not ended()
         assert said == [f"job {info['job_id']} is pending: {state['reason']}"]  # once per reason
     finally:
@@ -132,6 +131,62 @@ def test_rendered_script_runs_with_plain_sbatch(tmp_path):
     wait_state(job_id, (*TERMINAL, "GONE"), timeout=240)
     code, report = logs_json(tmp_path / "multi-node" / job_id)
     assert report["completed"] == 4, report
+
+
+# What SLURM records of a job's request (scontrol show job): equal for the same spec however
+# it was submitted. StdOut/StdErr hold the job id, so they are compared with it taken out.
+REQUEST_FIELDS = ("JobName", "Requeue", "TimeLimit", "NumNodes", "NumTasks", "CPUs/Task", "TresPerTask",
+                  "TresPerNode", "MinMemoryNode", "OverSubscribe", "Partition", "Features", "StdOut", "StdErr")  # fmt: skip
+
+
+def recorded_request(job_id: str) -> tuple[dict, list[str]]:
+    from cluster.submit import slurm_job
+
+    fields = {k: v.replace(f"-{job_id}.", "-<id>.") for k, v in slurm_job(job_id).items() if k in REQUEST_FIELDS}
+    script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
+    return fields, [line for line in script.stdout.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_submit_and_sbatch_of_the_rendered_script_make_the_same_request(tmp_path):
+    """One translation from spec to request: `cluster submit` and plain sbatch of `render`'s
+    script give SLURM the same request, the time-limit signal of the spec included."""
+    spec = ["jobs/multi_node.yaml", *FIT, "gpus_per_node=2", "time=00:07:00", "signal=USR1@100", f"log_dir={tmp_path}"]
+    script = tmp_path / "job.sbatch"
+    assert run_module("cluster", "render", *spec, "-o", str(script)).returncode == 0
+    via_sbatch = subprocess.run(["sbatch", "--parsable", "--hold", str(script)], capture_output=True, text=True)
+    result, info = submit(*spec[:1], tmp_path, *spec[1:-1], wait=False)
+    ids = [via_sbatch.stdout.strip().split(";")[0], info["job_id"]]
+    try:
+        (sbatch_fields, sbatch_lines), (submit_fields, submit_lines) = map(recorded_request, ids)
+    finally:
+        subprocess.run(["scancel", *ids], check=False)
+    assert sbatch_fields == submit_fields and len(submit_fields) >= 10, (sbatch_fields, submit_fields)
+    assert sbatch_lines == submit_lines and "#SBATCH --signal=USR1@100" in submit_lines
+    assert not any("USR2" in line for line in submit_lines)
+
+
+def test_time_limit_signal_through_submit_checkpoints_and_requeues(tmp_path):
+    """SLURM sends the spec's signal ahead of the 3-minute limit; the ranks save a checkpoint,
+    rank 0 requeues the job, and the second attempt resumes from that checkpoint."""
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "time=00:03:00",
+                          "signal=USR1@90", "requeue=true", "train.ckpt_every=20", "train.steps=1000000",
+                          wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
+    records = lambda: (
+        list(read_records(job_dir / "rank_00000.jsonl")) if (job_dir / "rank_00000.jsonl").exists() else []
+    )
+    try:
+        wait_until(lambda: any(r["event"] == "preempted" for r in records()), 240, "the time-limit signal")
+        wait_state(job_id, ("PENDING",), timeout=60)  # requeued by rank 0 after the checkpoint
+        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+        wait_until(lambda: any(r["event"] == "resume" for r in records()), 120, "the second attempt to resume")
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    preempted = [r["step"] for r in records() if r["event"] == "preempted"]
+    resumed = [r["step"] for r in records() if r["event"] == "resume"]
+    assert preempted and resumed == preempted[:1], (preempted, resumed)
+    assert "preemption signal: checkpoint saved" in (job_dir / "rank_00000.log").read_text()
 
 
 def test_raising_rank_on_second_node_is_named(tmp_path):
@@ -173,15 +228,13 @@ def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path)
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "multi-node" / info["job_id"]
     try:
-        wait_for_step(job_dir, 0, 15)
-        hung_at = time.time()
-        time.sleep(2)
+        wait_for_line(job_dir / "rank_00002.log", "hangs on purpose")
         snap = run_module("cluster", "snapshot", str(job_dir), "--json")
         assert snap.returncode == 0, snap.stderr
         assert json.loads(snap.stdout)["culprits"] == [2]
         assert slurm_state(info["job_id"]) == "RUNNING"
-        # The stall watchdog must end the job within 60 s of the hang (TimeoutError otherwise).
-        wait_state(info["job_id"], (*TERMINAL, "GONE"), timeout=60 - (time.time() - hung_at))
+        # The stall watchdog (20 s) ends the 100,000-step job by itself (WaitTimeout otherwise).
+        wait_state(info["job_id"], (*TERMINAL, "GONE"), timeout=180)
     finally:
         subprocess.run(["scancel", info["job_id"]], check=False)
     code, report = logs_json(job_dir)
@@ -203,13 +256,11 @@ def final_params(ckpt) -> dict:
 def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> str:
     from cluster.submit import slurm_state
 
-    deadline = time.time() + timeout
-    while time.time() < deadline:
+    def reached():
         state = (slurm_state(job_id) or "GONE").split()[0]
-        if state in wanted:
-            return state
-        time.sleep(0.5)
-    raise TimeoutError(f"job {job_id} never reached {wanted}")
+        return state if state in wanted else None
+
+    return wait_until(reached, timeout, f"job {job_id} to reach {wanted}")
 
 
 RESUMABLE = [*FIT, "gpus_per_node=2", "requeue=true", "train.steps=1200", "train.ckpt_every=20", "train.log_every=20"]

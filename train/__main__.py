@@ -12,6 +12,7 @@ import signal
 import sys
 
 from train.config import Config, ConfigError, help_text, load
+from train.errors import RankFailed
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load(Config, args.config, args.overrides)
-        from train.runner import RankFailed, run_rank  # torch is imported only once the config is valid
+        from train.runner import run_rank  # torch is imported only once the config is valid
 
         run_rank(cfg, rank_log=args.rank_log, timestamps=args.timestamps or args.rank_log)
     except ConfigError as exc:
@@ -56,5 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def leave(code: int) -> None:
+    """Exit without interpreter finalization, once the rank's work is done.
+
+    torch's gloo threads can abort the process while Python tears down ("terminate called
+    without an active exception", SIGABRT) after training finished, its records were written
+    and the process group was destroyed: a finished rank would then count as a crashed one.
+    Everything that matters is flushed here; the finalizers that crash are skipped.
+    """
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: nothing more can be written
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

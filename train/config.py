@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -101,6 +102,9 @@ class TrainConfig:
     # TORCH_DISTRIBUTED_DEBUG=DETAIL on every rank: collectives are checked for matching
     # shapes and a monitored barrier names ranks that never arrive (slow; for debugging).
     debug_collectives: bool = False
+    # A loss that turns nan or inf stops the run at the next log interval (the step, the rank
+    # and the last finite loss in the error) instead of training on nonsense to the end.
+    stop_on_nonfinite: bool = True
     # Failures made on purpose (see train/faults.py): raise on rank ``fail_rank`` when step
     # ``fail_at_step`` starts; loop forever on ``hang_rank`` at ``hang_at_step``; one extra
     # all_reduce of another shape on ``extra_collective_rank`` at ``extra_collective_at_step``.
@@ -214,13 +218,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads "1e-3" as a string
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None:
+            # nan passes every comparison check (nan < 0 is False) and then trains to the end on
+            # nan losses; inf is no setting either.
+            if not math.isfinite(number):
+                raise ConfigError(key, f"must be a finite number, got {value!r}")
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -285,7 +296,9 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(str(path), "no such file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "not a text file (not UTF-8): expected a YAML job spec or config") from None
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {exc}") from None
     if data is None:

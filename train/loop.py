@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from dataclasses import asdict
@@ -16,6 +17,7 @@ from train import checkpoint, faults
 from train.config import Config, ConfigError, to_dict
 from train.data import BatchLoader, ShardedSampler, make_dataset
 from train.dist_env import DistEnv
+from train.errors import NonFiniteLoss
 from train.hangs import StallWatchdog
 from train.model import build_mlp, parameter_count
 from train.parallel.common import Context, Trainable, state_bytes
@@ -171,6 +173,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     preempt = PreemptFlag() if t.ckpt_every else None
     progress = Progress(ctx.device, t.batch_size)
     record: dict = {}
+    finite: tuple[int, float] | None = None  # the last logged step with a finite loss
     memory = None
     if t.stall_timeout_s and not quiet:
         print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
@@ -212,6 +215,8 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 record["state_bytes"] = memory
             writer.write("step", **record)
             say(format_line(record, t.steps))
+            if t.stop_on_nonfinite:
+                finite = check_finite(record, env.rank, finite)
             if preempt is not None and not last and preempt.agreed(env.distributed, ctx.device):
                 if step % t.ckpt_every:
                     checkpoint.save(ckpt_dir, step, trainable, scaler)
@@ -230,6 +235,22 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         watchdog.stop()
         writer.close()
     return record
+
+
+def check_finite(record: dict, rank: int, finite: tuple[int, float] | None) -> tuple[int, float] | None:
+    """Raise once the (global) training loss is nan or inf; else the new last finite (step, loss).
+    Every rank sees the same global loss, so all stop at the same step; the ranks whose own
+    loss is non-finite say so, the others say they stop with them (a cascade)."""
+    loss, mine, step = record["train_loss"], record["local_loss"], record["step"]
+    if loss is None or math.isfinite(loss):
+        return (step, loss) if loss is not None else finite
+    before = f"last finite loss {finite[1]:.6g} at step {finite[0]}" if finite else "no finite loss logged before"
+    if mine is not None and not math.isfinite(mine):
+        raise NonFiniteLoss(
+            f"training loss is {mine} at step {step} on rank {rank} ({before}); "
+            "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
+        )
+    raise NonFiniteLoss(f"stopping at step {step}: the loss is non-finite on another rank ({before})")
 
 
 def format_line(r: dict, steps: int) -> str:

@@ -11,15 +11,12 @@ import torch.distributed as dist
 
 from train.config import Config, ConfigError
 from train.dist_env import cpu_threads, from_environ, init_process_group
+from train.errors import RankFailed
 from train.hangs import collective_checks, install_dumps
 from train.loop import run
 from train.output import redirect_to, timestamp_lines
 from train.preempt import requeue
 from train.records import log_name
-
-
-class RankFailed(Exception):
-    """This rank's training raised; its traceback is already printed."""
 
 
 def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> dict:
