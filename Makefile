@@ -34,6 +34,7 @@ minicluster-stop:
 	$(PYTHON) -m cluster.minicluster stop
 
 test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, SLURM and image tiers
+	PY=$(PY) tests/provision.sh
 	$(PY) -m pytest
 
 test-fast: $(VENV)/.installed  ## unit and golden tests only

@@ -213,7 +213,7 @@ def cmd_logs(args) -> int:
 def cmd_snapshot(args) -> int:
     from cluster import logs, stacks, submit
     from cluster.poll import WaitTimeout, wait_until
-    from train.hangs import DUMP_SIGNAL
+    from train.protocol import DUMP_SIGNAL
 
     job_dir = find_job_dir(args.job, args.log_dir)
     plan = json.loads((job_dir / "plan.json").read_text())

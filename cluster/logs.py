@@ -3,7 +3,7 @@
 The first failing rank is found by the *time* of its first error, not by its rank number:
 when one rank dies its peers fail seconds later with connection or timeout errors (the
 cascade), and a scheduler's report usually names one of those. Each log line carries a
-timestamp (``train.output``), so the order is visible. A rank that died without a traceback
+timestamp (``train.protocol.stamp``), so the order is visible. A rank that died without a traceback
 (SIGKILL, the OOM killer) is dated by its last line, which is earlier than its peers' errors.
 
 Files are scanned with ``mmap`` and byte searches rather than line by line, so a 1024-rank
@@ -29,8 +29,7 @@ from pathlib import Path
 
 from cluster import paths, stacks
 from cluster.stacks import CASCADE, LIBRARY_PATH, compress, stack_in
-from train.output import STAMP_LENGTH, strip_stamp
-from train.records import log_name, read_records, record_name
+from train.protocol import STAMP_LENGTH, log_name, read_records, record_name, strip_stamp
 
 # What "Traceback (most recent call last):" and faulthandler's "(most recent call first):"
 # (stack dumps on SIGTERM, fatal signals, snapshots, the stall watchdog) have in common.
@@ -39,6 +38,10 @@ CALL_ORDER = b"(most recent call "
 PARALLEL_FROM = 128
 READ_LIMIT = 64 << 20
 SIGNAL_WORDS = (b"Fatal Python error: ", b"Killed", b"Terminated", b"SIGKILL", b"SIGTERM")
+# A process that finished its work can still die in interpreter finalization (gloo's threads:
+# libstdc++'s "terminate called ..."); the kit's ranks leave without it, a user's may not.
+EXIT_CRASH = (b"terminate called", b"Fatal Python error", b"Segmentation fault", b"Aborted")
+EXIT_TAIL = 8192
 
 
 @dataclass
@@ -57,6 +60,7 @@ class RankReport:
     error: str | None = None
     error_time: float | None = None
     frames: list[str] = field(default_factory=list)
+    exit_crash: str | None = None  # completed its training, then crashed at exit (this line)
     cascade: bool = False
     straggler: bool = False
     log: str = ""
@@ -104,7 +108,7 @@ class Report:
 
 
 def parse_stamp(line: bytes) -> float | None:
-    """The time of a stamped line (local time, as ``train.output`` wrote it)."""
+    """The time of a stamped line (local time, as ``train.protocol.stamp`` wrote it)."""
     try:
         return datetime.fromisoformat(line[: STAMP_LENGTH - 1].decode()).timestamp()
     except (ValueError, UnicodeDecodeError):
@@ -135,7 +139,8 @@ def parse_traceback(text: str) -> tuple[str, list[str]]:
                 code = lines[i + 1].strip() if i + 1 < len(lines) else ""
                 frames.append(f"{stripped}\n    {code}" if code and not code.startswith("File ") else stripped)
         elif line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
-            if ":" in line or "Error" in line or "Exception" in line:
+            # "ValueError: ...", or an exception without a message ("KeyboardInterrupt")
+            if ":" in line or "Error" in line or "Exception" in line or re.fullmatch(r"[A-Za-z_][\w.]*", line.strip()):
                 error = line.strip()
                 break
     return error, frames
@@ -157,7 +162,8 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
 
     One byte search (C speed) for what tracebacks and faulthandler dumps share,
     "(most recent call ", continued past each hit; a completed rank needs only its last line."""
-    out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None, "stalled": None}
+    out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None, "stalled": None,
+           "exit_crash": None}  # fmt: skip
     if path is None:
         return out
     try:
@@ -172,6 +178,10 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
         buf = f.read() if size < READ_LIMIT else stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
         out["last_time"] = parse_stamp(last_line(buf))
         if completed:
+            tail = max(0, len(buf) - EXIT_TAIL)
+            hits = [at for word in EXIT_CRASH if (at := buf.find(word, tail)) != -1]
+            if hits:
+                out["exit_crash"] = strip_stamp(line_at(buf, min(hits)).decode(errors="replace")).strip()
             return out
         # The first traceback is the error; the last dump is where the rank ended (a stall
         # watchdog's dump comes after any snapshot's, and ends the process).
@@ -307,6 +317,7 @@ def rank_reports(
         if rep.step_times:
             rep.median_step_ms = statistics.median(ms for _, ms in rep.step_times)
         rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
+        rep.exit_crash = scan["exit_crash"]
         if final:
             rep.state = "completed"
         elif rep.error:
@@ -322,14 +333,23 @@ def rank_reports(
             rep.state = "running"
         else:
             rep.state = "killed"
-            if not logs and rep.last_time is None:  # e.g. cancelled while pending
-                rep.error = "never started: no log and no records"
+            if not logs and rep.last_time is None:  # cancelled while pending, or died starting up
+                rep.error, rep.log = scheduler_says(job_dir, rank)
             else:
                 rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
             rep.error_time = rep.last_time
             rep.frames = scan.get("dump_frames", [])
         reports.append(rep)
     return reports
+
+
+def scheduler_says(job_dir: Path, rank: int) -> tuple[str, str]:
+    """(error, file) for a rank with no log of its own, from what the scheduler wrote."""
+    for path in paths.scheduler_logs(job_dir, rank):
+        scan = scan_log(path)
+        if scan["error"] or scan["signal"]:
+            return f"no rank log; {path.name} says: {scan['error'] or scan['signal']}", str(path)
+    return "never started: no log and no records", ""
 
 
 def find_hang(reports: list[RankReport]) -> dict | None:
@@ -446,6 +466,9 @@ def format_report(report: Report, limit: int = 64) -> str:
     lines.append(
         f"world size {report.world_size}: {report.completed} completed" + (", job running" if report.running else "")
     )
+    for r in report.ranks:
+        if r.exit_crash:  # not a failure: every result of the rank was written before
+            lines.append(f"rank {r.rank} finished training, then crashed at exit: {r.exit_crash}")
     f = report.first_failure
     if f:
         lines.append("")

@@ -1,14 +1,14 @@
 """Every path the driver and the log inspector use, defined once.
 
 <log_dir>/<name>/slurm-<job_id>.log        the batch script's own output (srun's messages)
-<log_dir>/<name>/submitit/                 submitit's pickles and logs, <job_id>_* (all jobs of this
-                                           name), and local-controller.log (the local executor's)
+<log_dir>/<name>/submitit/                 submitit's pickles and logs, <job_id>_<task>_log.out (all
+                                           local jobs of this name), and local-controller.log
 <log_dir>/<name>/<job_id>/                 the job directory
     plan.json  job.sbatch  spec.yaml       what was planned and submitted
     train.yaml                             the training configuration every rank got
     rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
     rank_00003.attempt1.log                the same rank after the first requeue
-    rank_00003.jsonl                       rank 3's JSON records (train.records)
+    rank_00003.jsonl                       rank 3's JSON records (train.protocol)
     preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
     checkpoints/                           train.ckpt_every: step_NNNNNNN/ and the latest pointer
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.records import log_name, preflight_log_name, record_name
+from train.protocol import log_name, preflight_log_name, record_name
 
 PLAN = "plan.json"
 SCRIPT = "job.sbatch"
@@ -47,6 +47,13 @@ def submitit_folder(log_dir: str | Path, name: str) -> Path:
 
 def local_controller_log(log_dir: str | Path, name: str) -> Path:
     return job_root(log_dir, name) / "submitit" / "local-controller.log"
+
+
+def scheduler_logs(job_directory: Path, rank: int) -> list[Path]:
+    """What the scheduler wrote about a rank when the rank wrote nothing itself: submitit's
+    log of the local task, and the SLURM batch script's output (srun's messages)."""
+    root, job_id = job_directory.parent, job_directory.name
+    return [root / "submitit" / f"{job_id}_{rank}_log.out", batch_output(root.parent, root.name, job_id)]
 
 
 def rank_log(directory: Path, rank: int, attempt: int = 0) -> Path:

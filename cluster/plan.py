@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 from cluster.spec import JobSpec
 from train.config import ConfigError, check_batch_split
-from train.dist_env import PORT_RULE
 from train.parallel.mesh import ParallelDims, resolve_dims
+from train.protocol import PORT_RULE
 
 
 @dataclass(frozen=True)

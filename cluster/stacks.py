@@ -22,9 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.hangs import STALL_HEADER
-from train.output import STAMPED, strip_stamp
-from train.records import FLIGHT_RECORDER_PREFIX
+from train.protocol import FLIGHT_RECORDER_PREFIX, STALL_HEADER, STAMPED, strip_stamp
 
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")

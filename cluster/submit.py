@@ -27,7 +27,7 @@ from cluster.render import render
 from cluster.spec import JobSpec
 from cluster.task import run_rank
 from train.config import ConfigError
-from train.records import read_records
+from train.protocol import read_records
 
 # SLURM's job states (squeue, scontrol), once: "waiting" (not started, or back in the queue),
 # "running" (processes may be alive, COMPLETING included) or "ended". Submit, status and

@@ -1,4 +1,7 @@
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -35,3 +38,63 @@ def torchrun(nprocs: int, *args: str, timeout: float = 240, env: dict | None = N
 
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sbatch from the renderer")
+
+
+# ----------------------------------------------------------------------------- no leftovers
+# Processes of the jobs the suite starts: submitit's controller and tasks, ranks of the
+# built-in trainer or of a user's program, torchrun agents and test workers.
+JOB_PROCESS = re.compile(
+    r"submitit|-m train\b|train\.preflight|torch\.distributed\.run|torchrun|tests\.dist_worker|jobs/"
+)
+
+
+def job_processes() -> dict[int, str]:
+    from cluster.processes import alive, command_line
+
+    mine = {os.getpid(), os.getppid()}
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in mine and alive(int(entry)):
+            cmd = command_line(int(entry))
+            if JOB_PROCESS.search(cmd) and "pytest" not in cmd:
+                found[int(entry)] = cmd
+    return found
+
+
+def slurm_jobs() -> list[str]:
+    if shutil.which("squeue") is None:
+        return []
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True)
+    return out.stdout.splitlines() if out.returncode == 0 else []
+
+
+def pytest_sessionstart(session):
+    session.config.stash[BEFORE] = set(job_processes())
+
+
+BEFORE = pytest.StashKey[set]()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite fails when a job outlives it, naming what survived (then ends it)."""
+    from cluster.poll import WaitTimeout, wait_until
+    from cluster.processes import end
+
+    before = session.config.stash.get(BEFORE, set())
+    left = lambda: {p: c for p, c in job_processes().items() if p not in before}
+    try:  # teardowns of the last test's job may still be running
+        wait_until(lambda: not left() and not slurm_jobs(), 30, "the suite's jobs to end", 1.0)
+        return
+    except WaitTimeout:
+        pass
+    report = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = (lambda text: report.write_line(text, red=True)) if report else print
+    survivors, queued = left(), slurm_jobs()
+    say(f"LEFT BEHIND: {len(survivors)} process(es) and {len(queued)} SLURM job(s) of the suite's jobs")
+    for pid, cmd in survivors.items():
+        say(f"  pid {pid}: {cmd[:200]}")
+    for line in queued:
+        say(f"  SLURM job {line}")
+        subprocess.run(["scancel", line.split()[0]], check=False)
+    end(survivors, signal.SIGKILL, 5, say)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

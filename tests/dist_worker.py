@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from train.__main__ import leave
 from train.config import Config, load
 from train.data import ShardedSampler, make_dataset
 from train.dist_env import from_environ, init_process_group
@@ -71,3 +72,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave(0)  # as the kit's ranks do: no interpreter finalization (gloo can abort there)

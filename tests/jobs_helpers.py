@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cluster.poll import wait_until
 from tests.conftest import run_module
-from train.records import read_records, record_name
+from train.protocol import read_records, record_name
 
 
 def submit(job: str, log_dir: Path, *overrides: str, wait: bool = True, timeout: float = 300):

@@ -24,12 +24,13 @@ def test_collectives_are_correct_and_swept():
 
 
 def test_bench_json_shape():
-    result = run_module("train.bench", "--json", "--rounds=1", "--steps=20", "--strategies=single,minimal,ddp_bucketed",
+    result = run_module("train.bench", "--json", "--rounds=2", "--steps=20", "--strategies=single,minimal,ddp_bucketed",
                         "--nprocs=2")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(result.stdout)["runs"]
     assert [(r["strategy"], r["nprocs"]) for r in runs] == [("single", 1), ("minimal", 1), ("ddp_bucketed", 2)]
-    assert all(r["samples_per_s"] > 0 and r["step_ms"] > 0 for r in runs)
+    assert all(r["samples_per_s"] > 0 and r["step_ms"] > 0 and len(r["rounds"]) == 2 for r in runs)
+    assert runs[0]["vs_first"] == 1.0 and all(r["vs_first"] > 0 and r["vs_first_spread"] >= 0 for r in runs)
     assert len(runs[2]["state_bytes_per_rank"]) == 2
 
 

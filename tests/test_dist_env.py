@@ -5,7 +5,8 @@ import typing
 import pytest
 
 from train.config import Strategy
-from train.dist_env import expand_hostlist, from_environ, master_port_for_job
+from train.dist_env import expand_hostlist, from_environ
+from train.protocol import master_port_for_job
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0",
             "MASTER_PORT": "1234", "GROUP_RANK": "1"}  # fmt: skip

@@ -16,7 +16,7 @@ from cluster import stacks
 from cluster.logs import inspect
 from tests.conftest import ROOT, run_module
 from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line
-from train.records import FLIGHT_RECORDER_PREFIX
+from train.protocol import FLIGHT_RECORDER_PREFIX
 
 SITE = "/venv/lib/python3.11/site-packages"
 OUTER = [

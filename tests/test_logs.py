@@ -1,7 +1,7 @@
 """The log inspector on synthetic job directories (real failures are in test_local_jobs/test_slurm)."""
 
-from cluster.logs import compress, inspect, parse_traceback
-from cluster.synthetic import START, make_job
+from cluster.logs import compress, format_report, inspect, parse_traceback
+from cluster.synthetic import START, make_job, stamp
 
 
 def test_crash_names_first_rank_by_time_and_groups_the_cascade(tmp_path):
@@ -52,3 +52,41 @@ def test_triage_of_many_ranks(tmp_path):
     report = inspect(job, running=False)
     assert report.first_failure["rank"] == 77
     assert sorted(r for ranks in report.cascade.values() for r in ranks) == [r for r in range(128) if r != 77]
+
+
+def finished_rank(job_dir, rank: int, log_tail: str = "") -> None:
+    """A rank that wrote its final step record (and then ``log_tail`` to its log)."""
+    from train.protocol import RecordWriter
+
+    writer = RecordWriter(job_dir, rank)
+    writer.write("start", pid=1, env={"host": "h", "node_rank": 0})
+    writer.write("step", step=10, train_loss=1.0, step_ms=1.0, final=True)
+    writer.close()
+    (job_dir / f"rank_{rank:05d}.log").write_text(f"{stamp(START)}step 10/10\n{log_tail}")
+
+
+def test_a_crash_at_exit_after_the_final_record_is_not_a_failure(tmp_path):
+    """gloo's threads can abort the interpreter's finalization after the work is done."""
+    finished_rank(tmp_path, 0)
+    finished_rank(tmp_path, 1, "terminate called without an active exception\n")
+    report = inspect(tmp_path, running=False)
+    assert [r.state for r in report.ranks] == ["completed", "completed"] and not report.failed
+    assert report.ranks[1].exit_crash == "terminate called without an active exception"
+    assert "rank 1 finished training, then crashed at exit" in format_report(report)
+
+
+def test_a_rank_without_a_log_is_explained_by_the_schedulers_file(tmp_path):
+    """Interrupted while importing torch, before it could open its own log: submitit's log
+    of the task says why."""
+    job_dir = tmp_path / "local" / "4242"
+    job_dir.mkdir(parents=True)
+    finished_rank(job_dir, 1)
+    (tmp_path / "local" / "submitit").mkdir()
+    (tmp_path / "local" / "submitit" / "4242_0_log.out").write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/x/site-packages/torch/__init__.py", line 1, in <module>\n'
+        "KeyboardInterrupt\n"
+    )
+    rank0 = inspect(job_dir, running=False).ranks[0]
+    assert rank0.state == "killed" and "4242_0_log.out says: KeyboardInterrupt" in rank0.error
+    assert rank0.log.endswith("4242_0_log.out")

@@ -9,26 +9,43 @@ from tests.conftest import run_module
 from train import scaling
 
 
-def synthetic(t0_ms=1.0, c=2e-8, alpha=1.0, beta=1.0) -> list[dict]:
-    """Single-rank points whose step time follows the model exactly."""
+def synthetic(t0_ms=1.0, k=1.5) -> list[dict]:
+    """Single-rank points whose step time follows the model exactly: t0 + k x kernels, with
+    kernels that grow like params x batch (any growth would do: the model takes it as measured)."""
     points = []
     for hidden, params in [(2, 2_000), (16, 20_000), (128, 200_000), (1024, 3_000_000)]:
         for batch in (64, 256):
             for n in (2048, 8192):
-                step_s = t0_ms / 1e3 + c * params**alpha * batch**beta
+                kernel_ms = 1e-6 * params * batch
+                step_s = (t0_ms + k * kernel_ms) / 1e3
                 steps = n // batch
                 points.append({"params": params, "batch_size": batch, "step_ms": step_s * 1e3, "steps": steps,
-                               "time_s": steps * step_s, "nprocs": 1, "data": {"train_size": n},
-                               "model": {"dim_hidden": hidden}})  # fmt: skip
+                               "kernel_ms": kernel_ms, "time_s": steps * step_s, "nprocs": 1,
+                               "data": {"train_size": n}, "model": {"dim_hidden": hidden}})  # fmt: skip
     return points
 
 
-def test_fit_recovers_the_exponents_and_predicts_held_out_points_exactly():
-    points = synthetic(alpha=1.1, beta=0.8)
+def test_fit_recovers_the_fixed_cost_and_the_kernel_factor_and_predicts_held_out_points_exactly():
+    points = synthetic(t0_ms=0.7, k=1.3)
     fit = scaling.fit_cost(points)
-    assert (fit["alpha"], fit["beta"]) == (1.1, 0.8) and math.isclose(fit["t0_ms"], 1.0, rel_tol=1e-3)
-    assert max(h["error"] for h in scaling.held_out(points)) < 1e-3
-    assert math.isclose(scaling.step_seconds(fit, 200_000, 64), 1e-3 + 2e-8 * 200_000**1.1 * 64**0.8, rel_tol=1e-3)
+    assert math.isclose(fit["t0_ms"], 0.7, rel_tol=1e-9) and math.isclose(fit["k"], 1.3, rel_tol=1e-9)
+    assert max(h["error"] for h in scaling.held_out(points)) < 1e-9
+    assert math.isclose(scaling.step_seconds(fit, 10.0), (0.7 + 13.0) / 1e3, rel_tol=1e-9)
+
+
+def test_fit_keeps_the_fixed_cost_non_negative():
+    points = [{"step_ms": 2.0 * x, "kernel_ms": x} for x in (1.0, 2.0, 4.0)]
+    points[0]["step_ms"] = 1.5  # below the line through the others: unconstrained t0 < 0
+    fit = scaling.fit_cost(points)
+    assert fit["t0_ms"] >= 0 and fit["k"] > 0
+
+
+def test_kernel_time_grows_with_the_layers_and_the_batch():
+    from train.config import ModelConfig
+
+    small, wide = ModelConfig(dim_hidden=16), ModelConfig(dim_hidden=512)
+    assert scaling.kernel_seconds(wide, 64) > scaling.kernel_seconds(small, 64) > 0
+    assert scaling.kernel_seconds(wide, 256) > scaling.kernel_seconds(wide, 16)
 
 
 def test_multiplicative_claim_holds_when_time_is_steps_times_step_cost():

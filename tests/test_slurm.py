@@ -14,7 +14,7 @@ from cluster.poll import wait_until
 from tests.conftest import run_module
 from tests.jobs_helpers import kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.test_plan_render import BAD
-from train.records import read_records
+from train.protocol import read_records
 
 pytestmark = pytest.mark.slurm
 # The minicluster has 4 CPUs and little memory per node: ask for what it has.

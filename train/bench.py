@@ -1,8 +1,10 @@
 """``python -m train.bench``: samples/s of the kit's strategies, interleaved in one run.
 
-Every strategy runs once per round, rounds alternate, and the median over rounds is
-reported, so machine noise hits every contender alike. Only ratios within one run are
-meaningful. ``minimal`` is the 20-line loop a user would write by hand: the kit's
+Every strategy runs once per round, in alternating order (forward, then backward, so a
+drift of the machine's speed hits every contender alike). Each contender's ratio to the first
+is taken within each round, where neighbouring runs share the machine's state, and the median
+of those ratios is reported with its spread (half the interquartile range, relative): far
+steadier than a ratio of two medians. Only ratios within one run are meaningful. ``minimal`` is the 20-line loop a user would write by hand: the kit's
 single-device loop is measured against it to show what the kit's bookkeeping costs.
 
 Single-process contenders run in this process; multi-rank ones under torchrun, timed from
@@ -31,7 +33,7 @@ from train.hangs import StallWatchdog
 from train.loop import run
 from train.model import build_mlp
 from train.parallel.mesh import SINGLE_PROCESS
-from train.records import read_records, record_name
+from train.protocol import read_records, record_name
 
 
 def minimal_loop(cfg: Config, steps: int) -> float:
@@ -139,25 +141,37 @@ def benchmark(
     samples: dict[str, list[dict]] = {s: [] for s in strategies}
     ranks = {s: 1 if s == "minimal" or parse_label(s)[0] in SINGLE_PROCESS else nprocs for s in strategies}
     for r in range(rounds):
-        for s in strategies:
+        for s in strategies if r % 2 == 0 else strategies[::-1]:
             result = measure(s, ranks[s], steps, overrides)
             samples[s].append(result)
             progress(f"round {r + 1}/{rounds}  {s:<14} x{ranks[s]}  {result['samples_per_s']:>10,.0f} samples/s")
+    first = [x["samples_per_s"] for x in samples[strategies[0]]]
     runs = []
     for s, results in samples.items():
-        median = statistics.median(x["samples_per_s"] for x in results)
+        ratios = [x["samples_per_s"] / f for x, f in zip(results, first)]
+        median = statistics.median(ratios)
         entry = {
             "strategy": s,
             "nprocs": ranks[s],
-            "samples_per_s": median,
+            "samples_per_s": statistics.median(x["samples_per_s"] for x in results),
             "step_ms": statistics.median(x["step_ms"] for x in results),
             "rounds": [x["samples_per_s"] for x in results],
+            "vs_first": median,  # the median of the per-round ratios to the first contender
+            "vs_first_spread": spread(ratios),
         }
         for key in ("state_bytes", "state_bytes_per_rank"):
             if key in results[-1]:
                 entry[key] = results[-1][key]
         runs.append(entry)
     return {"runs": runs, "machine": machine(), "steps": steps, "overrides": overrides}
+
+
+def spread(values: list[float]) -> float:
+    """Half the interquartile range relative to the median: +-this holds half the rounds."""
+    if len(values) < 2:
+        return float("nan")
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / 2 / statistics.median(values)
 
 
 def machine() -> dict:
@@ -172,7 +186,8 @@ def machine() -> dict:
 
 
 def ratio(result: dict, a: str, b: str) -> float:
-    by = {r["strategy"]: r["samples_per_s"] for r in result["runs"]}
+    """a's samples/s over b's, from the per-round ratios to the first contender."""
+    by = {r["strategy"]: r["vs_first"] for r in result["runs"]}
     return by[a] / by[b]
 
 
@@ -194,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "name@nostall turns the stall watchdog off",
     )
     parser.add_argument("--nprocs", type=int, default=1, help="ranks per multi-process strategy (torchrun)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is reported")
-    parser.add_argument("--steps", type=int, default=400, help="steps per run; the second half is timed")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; the median ratio is reported")
+    parser.add_argument("--steps", type=int, default=2000, help="steps per run; the second half is timed")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides")
     args = parser.parse_args(argv)
@@ -215,13 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    base = result["runs"][0]["samples_per_s"]
-    print(f"\n{'strategy':<14} {'nprocs':>6} {'samples/s':>12} {'ms/step':>9} {'vs first':>9}")
+    print(f"\n{'strategy':<14} {'nprocs':>6} {'samples/s':>12} {'ms/step':>9} {'vs first (spread)':>19}")
     for r in result["runs"]:
         print(
             f"{r['strategy']:<14} {r['nprocs']:>6} {r['samples_per_s']:>12,.0f} {r['step_ms']:>9.3f} "
-            f"{r['samples_per_s'] / base:>9.3f}"
+            f"{r['vs_first']:>9.3f} (+-{r['vs_first_spread']:.1%})"
         )
+    print(f"(median of {args.rounds} rounds of {args.steps} steps; spread: half the interquartile range of the rounds)")
     w = result["watchdog"]
     print(
         f"\nstall watchdog: {w['progress_us']:.3f} us per step + {w['rearm_us']:.1f} us per re-arming "

@@ -14,10 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-# One rule for the rendezvous port, derived from the job id so that two jobs sharing a
-# node use different ports (they collide only if their ids differ by a multiple of 20000).
-PORT_BASE, PORT_SPAN = 20000, 20000
-PORT_RULE = f"MASTER_PORT = {PORT_BASE} + job_id % {PORT_SPAN} (unless MASTER_PORT is set)"
+from train.protocol import master_port_for_job
 
 # Raw launcher variables kept in each rank's start record, so a run can be checked
 # against the plan (which task ran where, with which GPUs).
@@ -31,11 +28,6 @@ RECORDED_VARS = (
     "CUDA_VISIBLE_DEVICES",
     "SUBMITIT_LOCAL_JOB_ID",
 )
-
-
-def master_port_for_job(job_id: str | int) -> int:
-    digits = re.sub(r"\D", "", str(job_id)) or "0"
-    return PORT_BASE + int(digits) % PORT_SPAN
 
 
 def free_port() -> int:

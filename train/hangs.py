@@ -25,12 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from train.records import FLIGHT_RECORDER_PREFIX
-
-DUMP_SIGNAL = signal.SIGURG
-# Where the watchdog's dump starts: faulthandler's own header for a timer dump
-# ("Timeout (0:03:45)!"), which is how the log inspector tells a stall from other dumps.
-STALL_HEADER = "Timeout ("
+from train.protocol import DUMP_SIGNAL, FLIGHT_RECORDER_PREFIX
 
 
 def install_dumps() -> None:

@@ -24,7 +24,7 @@ from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
 from train.preempt import PreemptFlag
-from train.records import RecordWriter
+from train.protocol import RecordWriter
 
 
 def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):

@@ -9,23 +9,10 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import sys
-import time
 from pathlib import Path
 
-STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
-STAMP_LENGTH = len("2026-01-01T00:00:00.000 ")
-STAMPED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")  # what stamp() puts before a line
-
-
-def stamp() -> str:
-    now = time.time()
-    return time.strftime(STAMP_FORMAT, time.localtime(now)) + f".{int(now % 1 * 1000):03d} "
-
-
-def strip_stamp(line: str) -> str:
-    return line[STAMP_LENGTH:] if STAMPED.match(line) else line
+from train.protocol import stamp
 
 
 class TimestampedStream(io.TextIOBase):

@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 from train.dist_env import DistEnv
-
-PREEMPT_SIGNAL = signal.SIGUSR1  # submitit keeps USR2 for its own checkpointing
+from train.protocol import PREEMPT_SIGNAL
 
 
 class PreemptFlag:

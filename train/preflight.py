@@ -24,7 +24,7 @@ import torch.distributed as dist
 from train.collectives import check_collectives, format_row, sweep
 from train.dist_env import DistEnv, from_environ
 from train.output import redirect_to, timestamp_lines
-from train.records import preflight_log_name
+from train.protocol import preflight_log_name
 
 
 def local_facts(env: DistEnv) -> dict:

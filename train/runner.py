@@ -16,7 +16,7 @@ from train.hangs import collective_checks, install_dumps
 from train.loop import run
 from train.output import redirect_to, timestamp_lines
 from train.preempt import requeue
-from train.records import log_name
+from train.protocol import log_name
 
 
 def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> dict:

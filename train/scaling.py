@@ -3,17 +3,22 @@
 Every grid point is a real training run of a fixed number of epochs in fresh processes
 (torchrun, the kit's own ``python -m train`` and strategies: ``single`` on one rank, ``ddp``
 on more). Time to train = steps x the steady-state step time (the median of the log intervals after
-the first; start-up and evaluation excluded). From the single-rank points a cost model is fitted,
+the first; start-up and evaluation excluded). The cost model is grounded in what the machine does,
 
-    step time = t0 + c * params^alpha * batch^beta
+    step time = t0 + k * kernels(model, batch)
 
-(t0: the fixed per-step cost of a small model: Python, kernel launches), checked on
-held-out points, and saved, so ``--predict`` can answer "how long will my run take" for a
-configuration that was never run. Ratios and fits are from one run on one machine.
+where ``kernels`` is measured here, in milliseconds, for every configuration: the three matrix
+multiplies of each Linear layer's forward and backward at that batch, timed on their own
+(cache effects and the BLAS's blocking included, which no power law of the parameter count
+captures). t0 (the loop's fixed per-step cost: Python, kernel launches, the optimizer) and k
+(the loop's overhead on its matmuls) are fitted on the single-rank points, checked on held-out
+points and saved, so ``--predict`` answers "how long will my run take" for a configuration
+that was never run, by timing its kernels. Figures are from one run on one machine.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -21,8 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from train.config import Config, ConfigError, load
-from train.model import parameter_count
+from train.config import Config, ConfigError, ModelConfig, load
+from train.model import layer_dims, parameter_count
 
 # The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k parameters,
 # all per-step overhead, to 10.6M, compute-bound), data sizes through data.train_size, a
@@ -48,16 +53,25 @@ def save(result: dict, run_dir: str | Path) -> Path:
     return path
 
 
+# Steps a point's step time is measured over, at least: one epoch of the smaller grids is
+# 8 to 32 steps, whose median interval moved by 30 % from run to run. Time to train is still
+# the epochs' steps x the measured step time.
+TIMED_STEPS = 240
+
+
 def point_args(hidden: int, train_size: int, batch: int, epochs: int, nprocs: int) -> tuple[list[str], int]:
+    """The run's overrides (timed over at least TIMED_STEPS steps, 8 log intervals) and the
+    number of steps of ``epochs`` epochs."""
     steps = steps_for(epochs, train_size, batch)
+    timed = max(steps, TIMED_STEPS)
     args = [
         f"model.dim_hidden={hidden}",
         f"data.train_size={train_size}",
         f"train.batch_size={batch}",
         f"parallel.strategy={'single' if nprocs == 1 else 'ddp'}",
-        f"train.steps={steps}",
-        f"train.log_every={max(1, steps // 4)}",
-        f"train.eval_every={steps}",
+        f"train.steps={timed}",
+        f"train.log_every={timed // 8}",
+        f"train.eval_every={timed}",
     ]
     return args, steps
 
@@ -72,6 +86,8 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
     # The median of the log intervals after the first (warm-up): a burst of load from
     # elsewhere on the machine moves one interval, not the point.
     step_s = statistics.median(r["step_ms"] for r in records[1:] or records) / 1e3
+    # Right after the run, so that the machine's state (and any load on it) is the same.
+    kernels = kernel_seconds(cfg.model, batch // nprocs)
     return {
         "model": {"dim_hidden": hidden, "n_layers": cfg.model.n_layers, "dim_in": cfg.model.dim_in},
         "data": {"train_size": train_size},
@@ -81,9 +97,60 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
         "params": parameter_count(cfg.model),
         "steps": steps,
         "step_ms": step_s * 1e3,
+        "kernel_ms": kernels * 1e3,
         "time_s": steps * step_s,
         "samples_per_s": batch / step_s,
     }
+
+
+def seconds_per_call(op, target_s: float = 2e-3, samples: int = 5) -> float:
+    """The fastest of ``samples`` timings of a loop long enough to time (``target_s``):
+    interruptions only ever add time, so the minimum is the kernel's own."""
+    import time
+
+    op()
+    n = 1
+    while True:  # double the loop until it is long enough to time
+        start = time.perf_counter()
+        for _ in range(n):
+            op()
+        took = time.perf_counter() - start
+        if took >= target_s:
+            break
+        n *= 2
+    best = took / n
+    for _ in range(samples - 1):
+        start = time.perf_counter()
+        for _ in range(n):
+            op()
+        best = min(best, (time.perf_counter() - start) / n)
+    return best
+
+
+@functools.cache
+def warm_up() -> None:
+    """Once per process, before the first timing: the BLAS's threads and code paths start on
+    first use (milliseconds), which would be charged to the first configuration timed."""
+    import torch
+
+    a = torch.randn(256, 1024)
+    seconds_per_call(lambda: a @ a.T, target_s=0.2, samples=1)
+
+
+def kernel_seconds(model: ModelConfig, batch: int) -> float:
+    """One training step's matrix multiplies at this size, timed on this machine: for each
+    Linear layer (in -> out), the forward x @ W^T, and the backward's g @ W and g^T @ x."""
+    from functools import partial
+
+    import torch
+
+    warm_up()
+    total = 0.0
+    for fan_in, fan_out in layer_dims(model):
+        x, w, g = torch.randn(batch, fan_in), torch.randn(fan_out, fan_in), torch.randn(batch, fan_out)
+        matmuls = (partial(torch.mm, x, w.T), partial(torch.mm, g, w), partial(torch.mm, g.T, x))
+        total += sum(seconds_per_call(op) for op in matmuls)
+    return total
 
 
 def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]:
@@ -101,42 +168,28 @@ def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]
 
 
 def fit_cost(points: list[dict]) -> dict:
-    """Least squares of the relative error over a grid of exponents; for each (alpha, beta)
-    the model is linear in (t0, c), solved exactly. (A regression of log(step - t0) would
-    let the small models, whose step is almost all t0, decide the exponents.)"""
+    """step = t0 + k * kernels, least squares of the relative error (each point counts alike,
+    whether its step is 1 ms or 100 ms); two unknowns, both kept >= 0."""
     import numpy as np
 
-    p = np.array([x["params"] for x in points], float)
-    b = np.array([x["batch_size"] for x in points], float)
-    t = np.array([x["step_ms"] for x in points], float) / 1e3
-    alphas = np.arange(0.2, 1.6, 0.01)
-    betas = np.arange(0.0, 1.6, 0.01) if len(set(b)) > 1 else np.zeros(1)
-    alpha, beta = (g.ravel() for g in np.meshgrid(alphas, betas))
-    # x[g, i] = p_i^alpha_g * b_i^beta_g, scaled by the largest point to keep numbers sane.
-    x = np.exp(np.outer(alpha, np.log(p / p.max())) + np.outer(beta, np.log(b / b.max()))) / t
-    one = 1 / t  # rows of the weighted system: [1/t, x/t] @ [t0, c] = 1
-    s11, s12, s22 = (one * one).sum(), (x * one).sum(1), (x * x).sum(1)
-    r1, r2 = one.sum(), x.sum(1)
-    det = s11 * s22 - s12 * s12
-    t0 = np.clip((r1 * s22 - r2 * s12) / det, 0, None)
-    c = np.clip((r2 - s12 * t0) / s22, 0, None)  # c re-solved for the clipped t0
-    loss = (((t0[:, None] * one + c[:, None] * x) - 1) ** 2).sum(1)
-    g = int(np.argmin(loss))
+    t = np.array([x["step_ms"] for x in points], float)
+    kernel = np.array([x["kernel_ms"] for x in points], float)
+    rows = np.stack([1 / t, kernel / t], axis=1)  # [1/t, K/t] @ [t0, k] = 1
+    (t0, k), *_ = np.linalg.lstsq(rows, np.ones(len(t)), rcond=None)
+    if t0 < 0:  # the fixed cost cannot be negative: refit k alone
+        t0, k = 0.0, float((kernel / t).sum() / (kernel / t).dot(kernel / t))
+    elif k < 0:
+        t0, k = float(len(t) / (1 / t).sum()), 0.0
+    predicted = t0 + k * kernel
     return {
-        "t0_ms": float(t0[g]) * 1e3,
-        "c_ms": float(c[g]) * 1e3,  # the step's variable part at the largest params and batch
-        "alpha": round(float(alpha[g]), 2),
-        "beta": round(float(beta[g]), 2) if len(betas) > 1 else None,
-        "ref_params": float(p.max()),
-        "ref_batch": float(b.max()),
-        "rms_relative_error": float(np.sqrt(loss[g] / len(t))),
+        "t0_ms": float(t0),
+        "k": float(k),
+        "rms_relative_error": float(np.sqrt((((predicted - t) / t) ** 2).mean())),
     }
 
 
-def step_seconds(fit: dict, params: int, batch: int) -> float:
-    beta = fit["beta"] or 0.0
-    scale = (params / fit["ref_params"]) ** fit["alpha"] * (batch / fit["ref_batch"]) ** beta
-    return (fit["t0_ms"] + fit["c_ms"] * scale) / 1e3
+def step_seconds(fit: dict, kernel_ms: float) -> float:
+    return (fit["t0_ms"] + fit["k"] * kernel_ms) / 1e3
 
 
 def held_out(single: list[dict]) -> list[dict]:
@@ -146,7 +199,7 @@ def held_out(single: list[dict]) -> list[dict]:
     for params in sizes[1:-1]:
         fit = fit_cost([x for x in single if x["params"] != params])
         for x in (x for x in single if x["params"] == params):
-            predicted = x["steps"] * step_seconds(fit, params, x["batch_size"])
+            predicted = x["steps"] * step_seconds(fit, x["kernel_ms"])
             out.append({"params": params, "train_size": x["data"]["train_size"], "batch_size": x["batch_size"],
                         "predicted": predicted, "measured": x["time_s"],
                         "error": abs(predicted - x["time_s"]) / x["time_s"]})  # fmt: skip
@@ -197,7 +250,7 @@ def study(grid: dict, ranks: list[int], progress=print) -> dict:
     fit = fit_cost(single)
     fit["held_out"] = held_out(single)
     fit["points"] = [{"params": x["params"], "batch_size": x["batch_size"], "train_size": x["data"]["train_size"],
-                      "step_ms": x["step_ms"]} for x in single]  # fmt: skip
+                      "step_ms": x["step_ms"], "kernel_ms": x["kernel_ms"]} for x in single]  # fmt: skip
     batch = grid["batch"][0]
     return {"points": points, "fit": fit, "multiplicative": multiplicative(single, batch),
             "data_parallel": dp_payoff(points, batch), "grid": grid, "machine": machine()}  # fmt: skip
@@ -211,18 +264,21 @@ def predict(result: dict, overrides: list[str]) -> str:
     params, batch = parameter_count(cfg.model), cfg.train.batch_size
     epochs = result["grid"]["epochs"]
     steps = steps_for(epochs, cfg.data.train_size, batch)
-    step_s = step_seconds(result["fit"], params, batch)
+    kernel_ms = kernel_seconds(cfg.model, batch) * 1e3  # this configuration's kernels, timed now
+    step_s = step_seconds(result["fit"], kernel_ms)
     seen = sorted({x["params"] for x in result["fit"]["points"]})
     inside = seen[0] <= params <= seen[-1]
     lines = [
         f"predicted time to train {epochs} epoch(s) on one rank: {steps * step_s:,.1f} s "
-        f"({steps:,} steps x {step_s * 1e3:.3f} ms; {params:,} parameters, batch {batch})",
+        f"({steps:,} steps x {step_s * 1e3:.3f} ms; {params:,} parameters, batch {batch}; "
+        f"its matmuls timed now: {kernel_ms:.3f} ms per step)",
         f"rests on {len(result['fit']['points'])} measured single-rank points, {seen[0]:,} to {seen[-1]:,} parameters "
         f"({result['machine']['date']}, {result['machine']['cores']} cores, torch {result['machine']['torch']})"
         + ("" if inside else "; this configuration is OUTSIDE that range: an extrapolation"),
     ]
     lines += [
-        f"  params {x['params']:>10,}  batch {x['batch_size']:>4}  {x['step_ms']:9.3f} ms/step"
+        f"  params {x['params']:>10,}  batch {x['batch_size']:>4}  {x['step_ms']:9.3f} ms/step  "
+        f"(matmuls {x['kernel_ms']:.3f} ms)"
         for x in result["fit"]["points"]
     ]
     return "\n".join(lines)
@@ -230,10 +286,9 @@ def predict(result: dict, overrides: list[str]) -> str:
 
 def format_result(r: dict) -> str:
     fit, mult, dp = r["fit"], r["multiplicative"], r["data_parallel"]
-    beta = "not fitted (one batch size)" if fit["beta"] is None else f"{fit['beta']:.2f}"
     lines = [
-        f"fit: step = {fit['t0_ms']:.3f} ms + {fit['c_ms']:.3f} ms * (params/{fit['ref_params']:,.0f})^{fit['alpha']:.2f}"
-        f" * (batch/{fit['ref_batch']:.0f})^{beta}  (rms relative error {fit['rms_relative_error']:.1%})",
+        f"fit: step = {fit['t0_ms']:.3f} ms + {fit['k']:.2f} x the step's matmuls timed alone "
+        f"(rms relative error {fit['rms_relative_error']:.1%})",
         "held-out points (fit without their model size):",
     ]
     for h in fit["held_out"]:
@@ -291,14 +346,14 @@ def markdown(r: dict, png: str | None) -> list[str]:
     out += ["", "### Ranks: speed-up over 1 rank (largest data size)", "",
             "| parameters | ranks | speed-up | ideal |", "|---:|---:|---:|---:|"]  # fmt: skip
     out += [f"| {x['params']:,} | {x['nprocs']} | {x['speedup']:.2f}x | {x['ideal']}x |" for x in dp["rows"]]
-    beta = "not fitted" if fit["beta"] is None else f"{fit['beta']:.2f}"
     out += [
         "",
         "### Cost model",
         "",
-        f"step time = {fit['t0_ms']:.3f} ms + {fit['c_ms']:.2f} ms x (params / {fit['ref_params']:,.0f})^**{fit['alpha']:.2f}** "
-        f"x (batch / {fit['ref_batch']:.0f})^**{beta}**, fitted on the {len(fit['points'])} single-rank points "
-        f"(rms relative error {fit['rms_relative_error']:.1%}); time to train = steps x step time. "
+        f"step time = **{fit['t0_ms']:.3f} ms + {fit['k']:.2f} x kernels**, where kernels is the time of the step's "
+        "matrix multiplies (each Linear layer's forward and two backward matmuls at that batch) timed alone on this "
+        f"machine; t0 and k fitted on the {len(fit['points'])} single-rank points (rms relative error "
+        f"{fit['rms_relative_error']:.1%}); time to train = steps x step time. "
         "Held out: each inner model size, predicted by a fit without it:",
         "",
         "| parameters | samples | batch | predicted (s) | measured (s) | off by |",

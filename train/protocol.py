@@ -1,0 +1,112 @@
+"""The rank protocol: what every rank writes and ``python -m cluster`` reads. No torch.
+
+The driver (``cluster``) depends on this module and on nothing else of the trainer's, so the
+same files, records, timestamps and signals serve the built-in trainer and a user's own
+program run through the kit's rank shim (``train.shim``).
+
+Files, in the job directory (``cluster/paths.py`` has the whole layout):
+    rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
+    rank_00003.attempt1.log        the same after the first requeue or restart
+    rank_00003.jsonl               its JSON records, one object per line
+Records: ``start`` (who and where: env, pid), ``step`` (one per log interval: STEP_FIELDS; the
+last of a finished built-in run has ``final: true``), ``end`` (a user's program returned:
+``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints).
+Signals: SIGTERM and fatal signals dump every thread's stack (faulthandler) and end the rank;
+DUMP_SIGNAL dumps and carries on (``cluster snapshot``); PREEMPT_SIGNAL asks for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# ----------------------------------------------------------------------------- signals
+DUMP_SIGNAL = signal.SIGURG  # ignored by default: a snapshot before a rank is ready cannot kill it
+PREEMPT_SIGNAL = signal.SIGUSR1  # the job spec's `signal: USR1@120`; submitit keeps USR2
+# Where the stall watchdog's dump starts: faulthandler's own header for a timer dump
+# ("Timeout (0:03:45)!"), which is how the log inspector tells a stall from other dumps.
+STALL_HEADER = "Timeout ("
+
+# ----------------------------------------------------------------------------- rendezvous
+# One rule for the rendezvous port, derived from the job id so that two jobs sharing a
+# node use different ports (they collide only if their ids differ by a multiple of 20000).
+PORT_BASE, PORT_SPAN = 20000, 20000
+PORT_RULE = f"MASTER_PORT = {PORT_BASE} + job_id % {PORT_SPAN} (unless MASTER_PORT is set)"
+
+
+def master_port_for_job(job_id: str | int) -> int:
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return PORT_BASE + int(digits) % PORT_SPAN
+
+
+# ----------------------------------------------------------------------------- timestamps
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
+STAMP_LENGTH = len("2026-01-01T00:00:00.000 ")
+STAMPED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")  # what stamp() puts before a line
+
+
+def stamp() -> str:
+    now = time.time()
+    return time.strftime(STAMP_FORMAT, time.localtime(now)) + f".{int(now % 1 * 1000):03d} "
+
+
+def strip_stamp(line: str) -> str:
+    return line[STAMP_LENGTH:] if STAMPED.match(line) else line
+
+
+# ----------------------------------------------------------------------------- files and records
+# NCCL's flight recorder writes <prefix><rank> (a pickle) into the job's log directory.
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+
+STEP_FIELDS = ("step", "train_loss", "test_loss", "test_acc", "step_ms", "samples_per_s", "rank")
+
+
+def record_name(rank: int) -> str:
+    return f"rank_{rank:05d}.jsonl"
+
+
+def preflight_log_name(rank: int) -> str:
+    return f"preflight_{rank:05d}.log"
+
+
+def log_name(rank: int, attempt: int = 0) -> str:
+    """A rank's stdout+stderr file; each requeued attempt gets its own."""
+    return f"rank_{rank:05d}.log" if attempt == 0 else f"rank_{rank:05d}.attempt{attempt}.log"
+
+
+class RecordWriter:
+    """Appends one JSON object per line and flushes it, so a crash loses nothing written."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.path = Path(run_dir) / record_name(rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._file = self.path.open("a", buffering=1)
+
+    def write(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "rank": self.rank, "time": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_records(path: str | Path) -> Iterator[dict]:
+    """Every well-formed record; a line cut short by a crash is skipped."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:  # one parse for the whole file (the log inspector reads thousands of them)
+        yield from json.loads(b"[" + b",".join(line for line in data.splitlines() if line.strip()) + b"]")
+        return
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        pass
+    for line in data.splitlines():
+        try:
+            yield json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
