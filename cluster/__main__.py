@@ -11,11 +11,12 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import sys
 from pathlib import Path
 
 from cluster.spec import JobSpec
-from train.config import ConfigError, help_text, load
+from train.config import ConfigError, apply_overrides, help_text, load, read_yaml
 
 EXAMPLES = """examples:
   python -m cluster plan jobs/multi_node.yaml nodes=4 --json
@@ -29,8 +30,11 @@ EXAMPLES = """examples:
 
 def load_spec(path: str, overrides: list[str]):
     from cluster.plan import make_plan
+    from cluster.spec import check_program_sections
 
     spec = load(JobSpec, path, overrides)
+    separate = [apply_overrides({}, [text]) for text in overrides]
+    check_program_sections(read_yaml(path), separate, path, lambda text: print(text, file=sys.stderr))
     return spec, make_plan(spec)
 
 
@@ -61,9 +65,11 @@ def cmd_plan(args) -> int:
 def cmd_render(args) -> int:
     from cluster import paths
     from cluster.render import render
+    from cluster.request import make_request
 
     spec, plan = load_spec(args.job, args.overrides)
-    text = render(spec, plan, node_python(spec), source=args.job)
+    python = node_python(spec)
+    text = render(spec, plan, make_request(spec, plan, python), source=args.job)
     # SLURM does not create the directory of --output: without it the job dies at launch.
     batch_log_dir = paths.batch_output(spec.log_dir, spec.name).parent
     if not batch_log_dir.is_dir():
@@ -80,16 +86,29 @@ def cmd_render(args) -> int:
 def cmd_submit(args) -> int:
     from cluster.plan import format_plan
     from cluster.render import render
+    from cluster.request import make_request
 
     spec, plan = load_spec(args.job, args.overrides)
     python = node_python(spec)
     if args.dry_run:
+        request = make_request(spec, plan, python)
+        script = render(spec, plan, request, source=args.job)
+        steps = [
+            {"name": s.name, "tasks_per_node": s.tasks_per_node, "command": list(s.command)} for s in request.steps
+        ]
         if args.json:
-            print(json.dumps({"plan": plan.to_json(), "script": render(spec, plan, python, args.job)}, indent=1))
+            print(json.dumps({"plan": plan.to_json(), "script": script, "steps": steps}, indent=1))
+            return 0
+        print(format_plan(plan))
+        if spec.cluster == "local":
+            print("\n# --- what the local launcher would run (nothing was submitted) ---")
+            for step in request.steps:
+                print(f"# step {step.name}: {step.tasks_per_node} task(s); $JOB_DIR is runs/<name>/<job id>")
+                print(shlex.join(step.command))
+            print("\n# --- the equivalent sbatch script ---")
         else:
-            print(format_plan(plan))
-            print("\n# --- the script submit would run (nothing was submitted) ---")
-            print(render(spec, plan, python, source=args.job))
+            print("\n# --- the script sbatch would receive (nothing was submitted) ---")
+        print(script, end="")
         return 0
     from cluster.submit import submit
 

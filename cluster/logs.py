@@ -44,13 +44,21 @@ EXIT_CRASH = (b"terminate called", b"Fatal Python error", b"Segmentation fault",
 EXIT_TAIL = 8192
 
 
+# A rank that exited 0 without one optimizer step (a script that quits when it finds no GPU).
+NO_PROGRESS = (
+    "completed without training progress: exited 0 without a single optimizer step "
+    "(set program.require_progress=false for a program that does not train)"
+)
+FAILED_STATES = ("failed", "stalled", "killed", "no_progress")
+
+
 @dataclass
 class RankReport:
     rank: int
     node: int | None = None
     host: str = ""
     gpu: object = None
-    state: str = "unknown"  # running, completed, failed, stalled, killed, silent
+    state: str = "unknown"  # running, completed, failed, stalled, killed, silent, no_progress
     last_step: int | None = None
     last_loss: float | None = None
     median_step_ms: float | None = None
@@ -85,7 +93,7 @@ class Report:
 
     @property
     def failed(self) -> bool:
-        return any(r.state in ("failed", "stalled", "killed") for r in self.ranks)
+        return any(r.state in FAILED_STATES for r in self.ranks)
 
     def to_json(self) -> dict:
         ranks = []
@@ -263,7 +271,9 @@ def inspect(
     slots = {r["rank"]: r for r in plan["ranks"]} if plan else {}
     names = set(os.listdir(job_dir))  # one listing instead of an exists() per file
     ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
-    rank_state = functools.partial(rank_reports, job_dir, names, bool(running), now, silent_after_s)
+    program = (plan or {}).get("program") or {}
+    require_progress = bool(program.get("require_progress"))
+    rank_state = functools.partial(rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress)
     workers = min(os.cpu_count() or 1, world // PARALLEL_FROM)
     reports = None
     if workers > 1:  # byte scans and JSON parsing hold the GIL: processes, not threads
@@ -284,13 +294,19 @@ def inspect(
 
 
 def rank_reports(
-    job_dir: Path, names: set[str], running: bool, now: float, silent_after_s: float, ranks: list[tuple[int, dict]]
+    job_dir: Path,
+    names: set[str],
+    running: bool,
+    now: float,
+    silent_after_s: float,
+    require_progress: bool,
+    ranks: list[tuple[int, dict]],
 ) -> list[RankReport]:
     """Each rank's state from its records and its last log (one worker's share of ``inspect``)."""
     reports = []
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
-        final = False
+        final, end = False, None
         if record_name(rank) in names:
             records = list(read_records(os.path.join(job_dir, record_name(rank))))
             starts = [i for i, rec in enumerate(records) if rec.get("event") == "start"]
@@ -299,14 +315,17 @@ def rank_reports(
                 rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
                 rep.pid = records[starts[-1]].get("pid")
             steps = [rec for rec in records if rec.get("event") == "step"]
-            rep.step_times = [(rec["step"], rec["step_ms"]) for rec in steps]
-            last = [rec for rec in records[starts[-1] if starts else 0 :] if rec.get("event") == "step"]
+            rep.step_times = [(rec["step"], rec["step_ms"]) for rec in steps if rec.get("step_ms") is not None]
+            attempt = records[starts[-1] if starts else 0 :]
+            last = [rec for rec in attempt if rec.get("event") == "step"]
             if steps:
                 rep.last_step, rep.last_loss = (
                     steps[-1]["step"],
                     steps[-1].get("local_loss", steps[-1].get("train_loss")),
                 )
-            final = bool(last and last[-1].get("final"))
+            # The built-in trainer's last step record says final; a user's program has an end record.
+            end = next((rec for rec in reversed(attempt) if rec.get("event") == "end"), None)
+            final = bool(last and last[-1].get("final")) or bool(end and end.get("exit_code") == 0)
             rep.last_time = max((rec.get("time", 0) for rec in records), default=0) or None
         logs = rank_logs(job_dir, rank, names)
         rep.attempts = max(1, len(logs))
@@ -318,10 +337,16 @@ def rank_reports(
             rep.median_step_ms = statistics.median(ms for _, ms in rep.step_times)
         rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
         rep.exit_crash = scan["exit_crash"]
-        if final:
+        if final and end is not None and end.get("steps") == 0 and require_progress:
+            rep.state = "no_progress"
+            rep.error = NO_PROGRESS
+            rep.error_time = rep.last_time
+        elif final:
             rep.state = "completed"
-        elif rep.error:
+        elif rep.error or (end is not None and end.get("exit_code")):
             rep.state = "failed"
+            rep.error = rep.error or f"exited with code {end['exit_code']} without a traceback"
+            rep.error_time = rep.error_time or rep.last_time
         elif scan["stalled"]:
             rep.state = "stalled"
             rep.error = f"stall watchdog: no step completed in time ({scan['stalled']})"
@@ -334,7 +359,7 @@ def rank_reports(
         else:
             rep.state = "killed"
             if not logs and rep.last_time is None:  # cancelled while pending, or died starting up
-                rep.error, rep.log = scheduler_says(job_dir, rank)
+                rep.error, rep.log = scheduler_says(job_dir)
             else:
                 rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
             rep.error_time = rep.last_time
@@ -343,9 +368,9 @@ def rank_reports(
     return reports
 
 
-def scheduler_says(job_dir: Path, rank: int) -> tuple[str, str]:
+def scheduler_says(job_dir: Path) -> tuple[str, str]:
     """(error, file) for a rank with no log of its own, from what the scheduler wrote."""
-    for path in paths.scheduler_logs(job_dir, rank):
+    for path in paths.scheduler_logs(job_dir):
         scan = scan_log(path)
         if scan["error"] or scan["signal"]:
             return f"no rank log; {path.name} says: {scan['error'] or scan['signal']}", str(path)
@@ -354,7 +379,7 @@ def scheduler_says(job_dir: Path, rank: int) -> tuple[str, str]:
 
 def find_hang(reports: list[RankReport]) -> dict | None:
     """The hang verdict (cluster.stacks) when a rank stalled or an error says hang."""
-    ended = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent")]
+    ended = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent")]  # no_progress is no hang
     errors = {r.rank: r.error for r in ended if r.error and r.state == "failed"}  # exceptions only
     if not any(r.state == "stalled" for r in ended) and not any(stacks.HANG_ERROR.search(e) for e in errors.values()):
         return None
@@ -366,7 +391,7 @@ def triage(reports: list[RankReport], hang: dict | None = None) -> tuple[dict | 
     """The first failure by time (in a hang: its culprit); the other ranks' errors grouped
     as its cascade."""
     culprits = set(hang["culprits"]) if hang else set()
-    candidates = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent") or r.rank in culprits]
+    candidates = [r for r in reports if r.state in (*FAILED_STATES, "silent") or r.rank in culprits]
     if not candidates:
         return None, {}
 

@@ -69,7 +69,11 @@ def rank_json(r: RankSlot) -> dict:
 
 def plan_record(spec: JobSpec, plan: Plan) -> dict:
     """plan.json, as the job directory keeps it (the log inspector reads it)."""
-    return {"name": spec.name, "cluster": spec.cluster, **plan.to_json()}
+    program = None
+    if spec.program is not None:
+        p = spec.program
+        program = {"kind": p.kind, "target": p.target, "launcher": p.launcher, "require_progress": p.require_progress}
+    return {"name": spec.name, "cluster": spec.cluster, "program": program, **plan.to_json()}
 
 
 def gpus_per_task(spec: JobSpec) -> int:
@@ -85,11 +89,19 @@ def gpus_per_task(spec: JobSpec) -> int:
     return gpus // tasks
 
 
+def gpu_binding(spec: JobSpec) -> str:
+    """torchrun's workers of a node all see the node's GPUs and pick cuda:<local rank>."""
+    return "shared" if spec.launcher == "torchrun" else spec.gpu_binding
+
+
 def make_plan(spec: JobSpec) -> Plan:
     per_task = gpus_per_task(spec)
     world, tasks = spec.world_size, spec.ranks_per_node
-    dims = resolve_dims(spec.parallel, spec.model, world, tasks)
-    check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
+    if spec.program is None:  # the built-in trainer: its parallel dimensions and batch split
+        dims = resolve_dims(spec.parallel, spec.model, world, tasks)
+        check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
+    else:  # the user's program lays out its own parallelism
+        dims = ParallelDims(dp_replicate=world)
     host_prefix = "localhost" if spec.cluster == "local" else "node"
     ranks = []
     for node in range(spec.nodes):
@@ -97,13 +109,13 @@ def make_plan(spec: JobSpec) -> Plan:
         for local in range(tasks):
             rank = node * tasks + local
             gpus = tuple(range(local * per_task, (local + 1) * per_task))
-            if spec.gpu_binding == "per_task":
+            if gpu_binding(spec) == "per_task":
                 visible = ",".join(map(str, gpus))
                 device = "cuda:0" if gpus else "cpu"
             else:
                 visible = ",".join(map(str, range(spec.gpus_per_node)))
                 device = f"cuda:{local}" if gpus else "cpu"
-            coords = dims.coords(rank) if world > 1 else None
+            coords = dims.coords(rank) if world > 1 and spec.program is None else None
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
     local = {"master_addr": "127.0.0.1 (this machine)"} if spec.cluster == "local" else {}
     return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), **local)

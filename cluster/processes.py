@@ -1,10 +1,10 @@
 """The processes of a local job, read from /proc, and ending them for good.
 
-A local job is submitit's controller (its pid is the job id) and the ranks it starts; a rank
-may start processes of its own (torchrun's workers, a user's data loaders). SIGTERM does not
-end them (submitit's tasks treat it as preemption), a rank stuck in C may ignore SIGINT, and
-a process stopped by a debugger ignores everything but SIGKILL: so ``end`` asks politely,
-waits a grace period, then kills what is left and says which.
+A local job is the local launcher's controller (its pid is the job id) and the tasks it
+starts; a task may start processes of its own (torchrun's workers, a user's data loaders). A
+program may ignore SIGTERM, and a process stopped by a debugger ignores everything but
+SIGKILL: so the caller asks politely, and ``kill_after`` waits a grace period, then kills what
+is left and says which.
 """
 
 from __future__ import annotations
@@ -59,13 +59,10 @@ def command_line(pid: int) -> str:
         return ""
 
 
-def end(pids: Iterable[int], first: signal.Signals, grace_s: float, say: Callable[[str], None]) -> list[int]:
-    """Send ``first`` to ``pids``, wait up to ``grace_s`` for all of them to go, SIGKILL the rest.
-    Returns the pids that needed SIGKILL."""
-    pids = [p for p in pids if alive(p)]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, first)
+def kill_after(pids: Iterable[int], grace_s: float, say: Callable[[str], None]) -> list[int]:
+    """Wait up to ``grace_s`` for ``pids`` to end (after the caller asked them to), then SIGKILL
+    what is left, saying which. Returns the pids that needed SIGKILL."""
+    pids = list(pids)
     try:
         wait_until(lambda: not any(alive(p) for p in pids), grace_s, "the job's processes to end", 0.2)
         return []
@@ -73,7 +70,7 @@ def end(pids: Iterable[int], first: signal.Signals, grace_s: float, say: Callabl
         pass
     left = [p for p in pids if alive(p)]
     for pid in left:
-        say(f"pid {pid} did not end within {grace_s:g} s of {first.name}: SIGKILL ({command_line(pid)[:120]})")
+        say(f"pid {pid} did not end within {grace_s:g} s: SIGKILL ({command_line(pid)[:120]})")
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return left

@@ -7,9 +7,15 @@ names as for ``python -m train`` so one override syntax serves both.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
 import re
+import shutil
+import sys
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from train.config import (
     TRAIN_SECTIONS,
@@ -19,6 +25,7 @@ from train.config import (
     ModelConfig,
     OptimConfig,
     ParallelConfig,
+    StrictStr,
     TrainConfig,
     require_positive,
     to_dict,
@@ -68,6 +75,105 @@ class ContainerSpec:
                 raise ConfigError(f"{prefix}.{key}", f"{value!r} contains shell metacharacters or spaces")
 
 
+PROGRAM_KINDS = ("script", "module", "function", "command")
+
+
+@dataclass
+class ProgramSpec:
+    """What each rank runs instead of the built-in trainer: exactly one of ``script`` (a Python
+    file), ``module`` (``python -m``), ``function`` (``pkg.module:function``, called with
+    ``kwargs``) or ``command`` (any executable), with ``args``. The rank shim (``train.shim``)
+    gives it the torchrun environment, its per-rank log, stacks, progress and records."""
+
+    script: str = ""
+    module: str = ""
+    function: str = ""
+    command: str = ""
+    args: list[StrictStr] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # per_task: one process per rank (srun, or the local launcher) with torchrun's environment;
+    # torchrun: one torchrun agent per node, for scripts that rely on torchrun's agent.
+    launcher: Literal["per_task", "torchrun"] = "per_task"
+    # A rank that exits 0 without one optimizer step is a failure ("completed without training
+    # progress"): set false for programs that do not train (evaluation, data preparation).
+    require_progress: bool = True
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in PROGRAM_KINDS if getattr(self, k))
+
+    @property
+    def target(self) -> str:
+        return getattr(self, self.kind)
+
+    def validate(self, prefix: str) -> None:
+        given = [k for k in PROGRAM_KINDS if getattr(self, k)]
+        if len(given) != 1:
+            raise ConfigError(
+                prefix,
+                f"set exactly one of {', '.join(f'{prefix}.{k}' for k in PROGRAM_KINDS)}; "
+                + (f"got {', '.join(given)}" if given else "got none"),
+            )
+        if self.kwargs and self.kind != "function":
+            raise ConfigError(f"{prefix}.kwargs", f"kwargs are for {prefix}.function; a {self.kind} takes args")
+        if self.args and self.kind == "function":
+            raise ConfigError(f"{prefix}.args", f"{prefix}.function is called with kwargs, not args")
+        check = {
+            "script": _check_script,
+            "module": _check_module,
+            "function": _check_function,
+            "command": _check_command,
+        }
+        check[self.kind](f"{prefix}.{self.kind}", self.target)
+
+
+def _check_script(key: str, path: str) -> None:
+    if not Path(path).is_file():
+        raise ConfigError(
+            key, f"no such file {path!r} (relative to {os.getcwd()}; it must be on a filesystem the nodes share)"
+        )
+
+
+def _find_module(key: str, name: str):
+    """The module's spec, found as ``python -m`` would from this directory, without running it."""
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise ConfigError(key, f"{name!r} is not a dotted module name")
+    sys.path.insert(0, os.getcwd())
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError) as exc:
+        raise ConfigError(key, f"cannot find module {name!r}: {exc}") from None
+    finally:
+        sys.path.pop(0)
+    if found is None:
+        raise ConfigError(key, f"no module named {name!r} here ({os.getcwd()}) or on the Python path")
+    return found
+
+
+def _check_module(key: str, name: str) -> None:
+    _find_module(key, name)
+
+
+def _check_function(key: str, target: str) -> None:
+    module, sep, name = target.partition(":")
+    if not sep or not name.isidentifier():
+        raise ConfigError(key, f"{target!r}: expected pkg.module:function")
+    found = _find_module(key, module)
+    # Read, not imported: importing would run the user's module (and its imports) here.
+    if found.origin and found.origin.endswith(".py"):
+        tree = ast.parse(Path(found.origin).read_text(), found.origin)
+        names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+        if name not in names:
+            raise ConfigError(key, f"module {module!r} ({found.origin}) defines no {name!r}")
+
+
+def _check_command(key: str, command: str) -> None:
+    if shutil.which(command) is None:
+        raise ConfigError(key, f"{command!r} is not an executable on PATH or at that path")
+
+
 @dataclass
 class JobSpec:
     name: str = "train"
@@ -95,7 +201,13 @@ class JobSpec:
     sbatch_extra: list[str] = field(default_factory=list)
     preflight: bool = False  # check every rank joins and communicates before training, same allocation
     python: str = ""  # interpreter on the nodes; default: the submitting one (or "python" in a container)
-    # The training configuration, passed unchanged to every rank.
+    # The user's own program; none: the built-in trainer (the sections below).
+    program: ProgramSpec | None = None
+    # Stall watchdog for any program: a rank with no optimizer step for this long writes every
+    # thread's stack to its log and exits 1 (0 = off). For the built-in trainer it sets
+    # train.stall_timeout_s; a user's program is watched from its first optimizer step on.
+    stall_timeout_s: float | None = None
+    # The built-in trainer's configuration, passed unchanged to every rank (not with program:).
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -114,8 +226,15 @@ class JobSpec:
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
 
+    @property
+    def launcher(self) -> str:
+        return self.program.launcher if self.program else "per_task"
+
     def train_config(self) -> Config:
-        return Config(**{s: getattr(self, s) for s in TRAIN_SECTIONS})
+        cfg = Config(**{s: getattr(self, s) for s in TRAIN_SECTIONS})
+        if self.stall_timeout_s is not None:
+            cfg.train.stall_timeout_s = self.stall_timeout_s
+        return cfg
 
     def train_dict(self) -> dict:
         return to_dict(self.train_config())
@@ -142,5 +261,30 @@ class JobSpec:
             if not opt.startswith("--") or not SAFE_TOKEN.match(opt):
                 raise ConfigError(f"sbatch_extra[{i}]", f"{opt!r} must be one --option[=value] without spaces")
         parse_time_minutes(self.time)
+        require_positive(self, prefix, "stall_timeout_s", minimum=0)
         if self.cluster == "local" and self.nodes != 1:
             raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {self.nodes}")
+
+
+def check_program_sections(file_tree: dict, overrides: list[dict], source: str, warn) -> None:
+    """The training sections are the built-in trainer's: given together with a program they
+    would be ignored. Keys in the same place as the program (the spec file, or the overrides)
+    are bad input; a spec file's training sections under a program given on the command line
+    (reusing a trainer spec for a script) are ignored with a warning."""
+    program_in_file = file_tree.get("program") is not None
+    program_in_overrides = any(tree.get("program") for tree in overrides)
+    if not (program_in_file or program_in_overrides):
+        return
+    for tree in overrides:
+        for section in TRAIN_SECTIONS:
+            if isinstance(tree.get(section), dict) and tree[section]:
+                key = f"{section}.{next(iter(tree[section]))}"
+                raise ConfigError(key, "a built-in trainer key, ignored when program: runs your own program")
+    given = [s for s in TRAIN_SECTIONS if file_tree.get(s)]
+    if given and program_in_file:
+        key = f"{given[0]}.{next(iter(file_tree[given[0]]))}" if isinstance(file_tree[given[0]], dict) else given[0]
+        raise ConfigError(f"{source}: {key}", "a built-in trainer key beside program: (it would be ignored)")
+    if given:
+        warn(
+            f"note: {source}'s {', '.join(given)} section(s) are the built-in trainer's and are ignored: program runs instead"
+        )

@@ -1,4 +1,5 @@
-"""Submission, a thin layer over submitit: executors, job ids, status and cancel.
+"""Submission, thin: SLURM jobs are ``sbatch`` of the rendered request, local jobs run under
+the local launcher (``cluster.local``); job ids, status, cancel and signals.
 
 SLURM's own commands answer status and cancel (``squeue``/``scontrol``/``scancel``), since
 ``sacct`` needs slurmdbd, which many clusters (and the test minicluster) lack.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -20,12 +20,12 @@ from pathlib import Path
 
 import yaml
 
-from cluster import paths, processes
+from cluster import local, paths, processes
 from cluster.plan import Plan, plan_record
 from cluster.poll import WaitTimeout, wait_until
 from cluster.render import render
+from cluster.request import make_request
 from cluster.spec import JobSpec
-from cluster.task import run_rank
 from train.config import ConfigError
 from train.protocol import read_records
 
@@ -78,66 +78,23 @@ class NeverStarts(RuntimeError):
     """SLURM keeps the job pending for a reason that no waiting removes."""
 
 
-def local_executor(spec: JobSpec, plan: Plan):
-    import submitit
-
-    folder = paths.submitit_folder(spec.log_dir, spec.name)
-    setup = [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())] + list(spec.setup)
-    executor = submitit.LocalExecutor(folder=folder)
-    executor.update_parameters(
-        nodes=1,
-        tasks_per_node=plan.tasks_per_node,
-        gpus_per_node=spec.gpus_per_node,
-        timeout_min=spec.time_minutes,
-        setup=setup,
-    )
-    return executor
-
-
-@contextlib.contextmanager
-def stdio_to(path: Path):
-    """Point fds 1 and 2 at ``path`` meanwhile: submitit's local controller inherits them and
-    outlives us, and would otherwise hold the caller's pipe open (`submit ... | tee` would
-    wait for the whole job)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for f in (fd, *saved):
-            os.close(f)
-
-
 def submit(spec: JobSpec, plan: Plan, python: str, source: str = "", preflight_only: bool = False) -> Submitted:
-    """Local jobs through submitit's local executor; SLURM jobs as ``sbatch`` of the rendered
-    script itself, so what ``render`` prints and ``--dry-run`` shows is exactly what SLURM
-    receives (submitit's SLURM executor would write its own ``--signal=USR2@90``)."""
-    script = render(spec, plan, python, source, preflight_only=preflight_only)
+    """SLURM: ``sbatch`` of the rendered script itself, so what ``render`` prints and
+    ``--dry-run`` shows is exactly what SLURM receives. Local: the same steps, run by the
+    local launcher."""
+    request = make_request(spec, plan, python, preflight_only)
+    script = render(spec, plan, request, source)
     if spec.cluster == "local":
-        with stdio_to(paths.local_controller_log(spec.log_dir, spec.name)):
-            job_id = (
-                local_executor(spec, plan)
-                .submit(
-                    run_rank,
-                    as_overrides(spec.train_dict()),
-                    str(paths.job_root(spec.log_dir, spec.name)),
-                    spec.preflight or preflight_only,
-                    not preflight_only,
-                )
-                .job_id
-            )
+        controller = local.start(paths.job_root(spec.log_dir, spec.name), python)
+        job_id = str(controller.pid)
+        job_dir = paths.job_dir(spec.log_dir, spec.name, job_id)
+        write_job_files(job_dir, spec, plan, script, local.launch_file(spec, plan, request, job_dir, job_id))
+        local.go(controller)
     else:
         job_id = sbatch(spec, script)
-    job_dir = paths.job_dir(spec.log_dir, spec.name, str(job_id))
-    write_job_files(job_dir, spec, plan, script)
-    return Submitted(str(job_id), job_dir, spec.cluster)
+        job_dir = paths.job_dir(spec.log_dir, spec.name, job_id)
+        write_job_files(job_dir, spec, plan, script)
+    return Submitted(job_id, job_dir, spec.cluster)
 
 
 def sbatch(spec: JobSpec, script: str) -> str:
@@ -154,19 +111,9 @@ def sbatch(spec: JobSpec, script: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def as_overrides(tree: dict, prefix: str = "") -> list[str]:
-    """{"train": {"steps": 5}} -> ["train.steps=5"]; values in JSON, which is valid YAML."""
-    out = []
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out += as_overrides(value, f"{prefix}{key}.")
-        else:
-            out.append(f"{prefix}{key}={json.dumps(value)}")
-    return out
-
-
-def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, script: str) -> None:
-    """plan.json, the sbatch script (submitted, or equivalent), the spec and the training config."""
+def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, script: str, launch: dict | None = None) -> None:
+    """plan.json, the sbatch script (submitted, or equivalent), the spec, the training config
+    (built-in trainer) and the local launcher's steps (local jobs)."""
     from dataclasses import asdict
 
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -174,8 +121,11 @@ def write_job_files(job_dir: Path, spec: JobSpec, plan: Plan, script: str) -> No
         paths.PLAN: json.dumps(plan_record(spec, plan), indent=1),
         paths.SCRIPT: script,
         paths.SPEC: yaml.safe_dump(asdict(spec), sort_keys=False),
-        paths.TRAIN_CONFIG: yaml.safe_dump(spec.train_dict(), sort_keys=False),
     }
+    if spec.program is None:
+        files[paths.TRAIN_CONFIG] = yaml.safe_dump(spec.train_dict(), sort_keys=False)
+    if launch is not None:
+        files[paths.LAUNCH] = json.dumps(launch, indent=1)
     for name, text in files.items():
         tmp = job_dir / f".{name}.tmp"
         tmp.write_text(text)
@@ -227,10 +177,10 @@ def pending_reason(fields: dict[str, str]) -> str | None:
 
 
 def local_processes(job_id: str, job_dir: Path | None) -> set[int]:
-    """The live processes of a local job: submitit's controller (the job id), the ranks its
-    start records name (also when orphaned by a controller that died), and their children."""
+    """The live processes of a local job: the launcher's controller (the job id), the ranks
+    its start records name (also when orphaned by a controller that died), and their children."""
     controller = int(job_id) if job_id.isdigit() else None
-    pids = {controller} if controller and "submitit" in processes.command_line(controller) else set()
+    pids = {controller} if controller and "cluster.local" in processes.command_line(controller) else set()
     for path in job_dir.glob("rank_*.jsonl") if job_dir is not None and job_dir.is_dir() else ():
         for rec in read_records(path):
             pid = rec.get("pid") if rec.get("event") == "start" else None
@@ -247,9 +197,14 @@ def local_state(job_id: str, job_dir: Path | None = None) -> str:
 def cancel(cluster: str, job_id: str, job_dir: Path | None, grace_s: float, say: Callable[[str], None]) -> None:
     """End every process of the job: politely, then SIGKILL after ``grace_s``, saying so."""
     if cluster == "local":
-        # SIGINT: submitit's controller stops its tasks, and a Python rank stops where it is;
-        # SIGTERM would not do (submitit treats it as a preemption notice).
-        processes.end(local_processes(job_id, job_dir), signal.SIGINT, grace_s, say)
+        # The controller ends its tasks (SIGTERM: each dumps its stacks; SIGKILL after its
+        # KILL_WAIT_S); without one (it died), the orphans are told directly.
+        pids = local_processes(job_id, job_dir)
+        told = [int(job_id)] if int(job_id) in pids else pids
+        for pid in told:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        processes.kill_after(pids, grace_s, say)
         return
     subprocess.run(["scancel", job_id], check=True)
     try:

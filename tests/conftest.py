@@ -1,7 +1,6 @@
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -78,7 +77,7 @@ BEFORE = pytest.StashKey[set]()
 def pytest_sessionfinish(session, exitstatus):
     """The suite fails when a job outlives it, naming what survived (then ends it)."""
     from cluster.poll import WaitTimeout, wait_until
-    from cluster.processes import end
+    from cluster.processes import kill_after
 
     before = session.config.stash.get(BEFORE, set())
     left = lambda: {p: c for p, c in job_processes().items() if p not in before}
@@ -96,5 +95,5 @@ def pytest_sessionfinish(session, exitstatus):
     for line in queued:
         say(f"  SLURM job {line}")
         subprocess.run(["scancel", line.split()[0]], check=False)
-    end(survivors, signal.SIGKILL, 5, say)
+    kill_after(survivors, 0, say)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.__main__ import leave
 from train.config import Config, load
 from train.data import ShardedSampler, make_dataset
 from train.dist_env import from_environ, init_process_group
 from train.loop import check_replicas, setup, train
+from train.output import leave
 from train.parallel.common import full_parameters
 
 

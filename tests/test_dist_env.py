@@ -5,7 +5,7 @@ import typing
 import pytest
 
 from train.config import Strategy
-from train.dist_env import expand_hostlist, from_environ
+from train.dist_env import expand_hostlist, from_environ, torchrun_environ
 from train.protocol import master_port_for_job
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0",
@@ -16,8 +16,9 @@ SLURM = {"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2", "SLURM_
 OMPI = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "m"}  # fmt: skip
 PMI = {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
-SUBMITIT = {"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_NTASKS": "3",
-            "SUBMITIT_LOCAL_JOB_ID": "999"}  # fmt: skip
+# The kit's local launcher: torchrun's contract, its job id (the controller's pid) for records.
+LOCAL = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "3", "GROUP_RANK": "0",
+         "MASTER_ADDR": "127.0.0.1", "KIT_JOB_ID": "999"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -33,9 +34,17 @@ SUBMITIT = {"SUBMITIT_LOCAL_GLOBALID": "1", "SUBMITIT_LOCAL_LOCALID": "1", "SUBM
         ({**SLURM, **TORCHRUN}, dict(launcher="torchrun", rank=5)),  # torchrun inside srun: torchrun's view
         (OMPI, dict(launcher="mpi", rank=3, world_size=4, local_rank=1, local_world_size=2, node_rank=1, master_addr="m")),
         (PMI, dict(launcher="mpi", rank=2, world_size=4, local_rank=0, node_rank=1)),
-        (SUBMITIT, dict(launcher="submitit-local", rank=1, world_size=3, local_rank=1, master_port=20999)),
+        (LOCAL, dict(launcher="torchrun", rank=1, world_size=3, local_rank=1, master_port=20999, job_id="999")),
     ],
 )  # fmt: skip
+def test_torchrun_contract_from_srun_variables():
+    """What the rank shim exports for a script written for torchrun, from srun's variables."""
+    contract = torchrun_environ(from_environ(SLURM, device=None))
+    assert {k: contract[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
+        "RANK": "6", "LOCAL_RANK": "2", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}  # fmt: skip
+    assert (contract["MASTER_ADDR"], contract["MASTER_PORT"]) == ("gpu-a07", str(20000 + 4242))
+
+
 def test_from_environ(env, want):
     got = from_environ(env)
     assert {k: getattr(got, k) for k in want} == want

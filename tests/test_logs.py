@@ -76,17 +76,17 @@ def test_a_crash_at_exit_after_the_final_record_is_not_a_failure(tmp_path):
 
 
 def test_a_rank_without_a_log_is_explained_by_the_schedulers_file(tmp_path):
-    """Interrupted while importing torch, before it could open its own log: submitit's log
-    of the task says why."""
-    job_dir = tmp_path / "local" / "4242"
+    """A task that never started (its container image missing, say) wrote no log: what the
+    batch script's output says of it is the error, not "never started"."""
+    job_dir = tmp_path / "multi-node" / "4242"
     job_dir.mkdir(parents=True)
     finished_rank(job_dir, 1)
-    (tmp_path / "local" / "submitit").mkdir()
-    (tmp_path / "local" / "submitit" / "4242_0_log.out").write_text(
+    (tmp_path / "multi-node" / "slurm-4242.log").write_text(
+        "srun: error: n2: task 0: Exited with exit code 2\n"
         "Traceback (most recent call last):\n"
         '  File "/x/site-packages/torch/__init__.py", line 1, in <module>\n'
         "KeyboardInterrupt\n"
     )
     rank0 = inspect(job_dir, running=False).ranks[0]
-    assert rank0.state == "killed" and "4242_0_log.out says: KeyboardInterrupt" in rank0.error
-    assert rank0.log.endswith("4242_0_log.out")
+    assert rank0.state == "killed" and "slurm-4242.log says: KeyboardInterrupt" in rank0.error
+    assert rank0.log.endswith("slurm-4242.log")

@@ -8,6 +8,7 @@ import pytest
 
 from cluster.plan import make_plan
 from cluster.render import render
+from cluster.request import make_request
 from cluster.spec import JobSpec
 from tests.conftest import ROOT, run_module
 from train.config import ConfigError, load
@@ -135,6 +136,9 @@ def golden_cases():
          ["container.runtime=pyxis", "container.image=registry.example/kit:latest", "container.mounts=[\"/data:/data\"]"]),
         ("multi_node-apptainer", ROOT / "jobs/multi_node.yaml",
          ["container.runtime=apptainer", "container.image=/images/kit.sif", "container.mounts=[\"/data:/data\"]"]),
+        ("cnn-torchrun", ROOT / "jobs/cnn.yaml", ["program.launcher=torchrun"]),
+        ("cnn-module", ROOT / "jobs/cnn.yaml", ["program.script=", "program.module=json.tool", "program.args=[]",
+                                                 "program.require_progress=false", "preflight=true"]),
     ]  # fmt: skip
     return cases
 
@@ -142,7 +146,9 @@ def golden_cases():
 @pytest.mark.parametrize("name, path, overrides", golden_cases(), ids=[c[0] for c in golden_cases()])
 def test_render_matches_golden(name, path, overrides, request):
     s = spec(*overrides, path=path)
-    text = render(s, make_plan(s), PYTHON if s.container.runtime == "none" else "python", source=f"jobs/{path.name}")
+    plan = make_plan(s)
+    python = PYTHON if s.container.runtime == "none" else "python"
+    text = render(s, plan, make_request(s, plan, python), source=f"jobs/{path.name}")
     golden = GOLDEN / f"{name}.sbatch"
     if request.config.getoption("--update-golden"):
         golden.write_text(text)
@@ -157,7 +163,7 @@ def test_rendered_script_essentials():
         assert needle in text, needle
     assert "--container-image=registry.example/kit:latest" in (GOLDEN / "multi_node-pyxis.sbatch").read_text()
     assert (
-        "apptainer exec --nv --bind=/data:/data /images/kit.sif python -m train"
+        "apptainer exec --nv --bind=/data:/data /images/kit.sif python -P -m train"
         in (GOLDEN / "multi_node-apptainer.sbatch").read_text()
     )
 

@@ -1,7 +1,7 @@
 """``python -m train [--config FILE.yaml] [key=value ...]``: train on this rank.
 
-Runs unchanged alone, under torchrun, srun, mpirun or submitit: ``train.dist_env`` reads
-whichever launcher started it.
+Runs unchanged alone, under torchrun, srun, mpirun or the kit's local launcher:
+``train.dist_env`` reads whichever launcher started it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 
 from train.config import Config, ConfigError, help_text, load
 from train.errors import RankFailed
+from train.output import leave
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -55,22 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     return 0
-
-
-def leave(code: int) -> None:
-    """Exit without interpreter finalization, once the rank's work is done.
-
-    torch's gloo threads can abort the process while Python tears down ("terminate called
-    without an active exception", SIGABRT) after training finished, its records were written
-    and the process group was destroyed: a finished rank would then count as a crashed one.
-    Everything that matters is flushed here; the finalizers that crash are skipped.
-    """
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe or file: nothing more can be written
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 T = TypeVar("T")
+# A str that must be given as a string: a list of program arguments like ["--epochs", 3]
+# is a mistake to report, not a number to convert.
+StrictStr = typing.NewType("StrictStr", str)
 
 
 class ConfigError(ValueError):
@@ -183,6 +186,13 @@ def _type_name(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against annotation ``tp``; return it (converted where lossless)."""
+    if tp is Any:  # free-form (a function's kwargs): any YAML value, non-finite numbers excepted
+        _check_finite(value, key)
+        return value
+    if tp is StrictStr:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(key, f"expected a string, got {type(value).__name__} {value!r} (quote it in YAML)")
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -238,6 +248,17 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
     raise ConfigError(key, f"expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def _check_finite(value: Any, key: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(key, f"must be a finite number, got {value!r}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_finite(v, f"{key}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{key}[{i}]")
 
 
 def build(cls: type[T], data: Any, prefix: str = "") -> T:
@@ -318,18 +339,21 @@ def to_dict(obj: Any) -> dict:
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """(dotted key, type, default) for every leaf of ``cls``, for ``--help``."""
+    """(dotted key, type, default) for every leaf of ``cls``, for ``--help``; an optional
+    section (``program: ... | None``) is listed by its keys."""
     rows = []
     hints = typing.get_type_hints(cls)
     default = cls()
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
-        value = getattr(default, f.name)
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
         if dataclasses.is_dataclass(tp):
             rows += describe(tp, key + ".")
+        elif len(inner) == 1 and dataclasses.is_dataclass(inner[0]):
+            rows += describe(inner[0], key + ".")
         else:
-            rows.append((key, _type_name(tp), value))
+            rows.append((key, _type_name(tp), getattr(default, f.name)))
     return rows
 
 

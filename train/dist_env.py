@@ -26,7 +26,12 @@ RECORDED_VARS = (
     "SLURMD_NODENAME",
     "SLURM_RESTART_COUNT",
     "CUDA_VISIBLE_DEVICES",
-    "SUBMITIT_LOCAL_JOB_ID",
+    "KIT_JOB_ID",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
 )
 
 
@@ -139,10 +144,11 @@ def _pick_device(local_rank: int, want: str) -> tuple[str, str]:
     return "nccl", f"cuda:{index}"
 
 
-def from_environ(env: Mapping[str, str] | None = None, device: str = "auto") -> DistEnv:
+def from_environ(env: Mapping[str, str] | None = None, device: str | None = "auto") -> DistEnv:
     env = os.environ if env is None else env
     get = env.get
-    job_id = get("SLURM_JOB_ID") or get("SUBMITIT_LOCAL_JOB_ID") or get("TORCHELASTIC_RUN_ID", "")
+    # KIT_JOB_ID: the kit's local launcher (its controller's pid)
+    job_id = get("SLURM_JOB_ID") or get("KIT_JOB_ID") or get("TORCHELASTIC_RUN_ID", "")
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or anything that exports its variables
         launcher = "torchrun"
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -165,15 +171,11 @@ def from_environ(env: Mapping[str, str] | None = None, device: str = "auto") -> 
         local_world = int(get("OMPI_COMM_WORLD_LOCAL_SIZE") or get("MPI_LOCALNRANKS") or world)
         node = int(get("OMPI_COMM_WORLD_NODE_RANK") or rank // local_world)
         addr = get("MASTER_ADDR", "127.0.0.1")  # mpirun -x MASTER_ADDR=<first host>
-    elif "SUBMITIT_LOCAL_GLOBALID" in env:  # submitit's local executor
-        launcher = "submitit-local"
-        rank, world = int(env["SUBMITIT_LOCAL_GLOBALID"]), int(env["SUBMITIT_LOCAL_NTASKS"])
-        local_rank, node, local_world = int(env["SUBMITIT_LOCAL_LOCALID"]), 0, world
-        addr = "127.0.0.1"
     else:
         launcher, rank, world, local_rank, local_world, node, addr = "none", 0, 1, 0, 1, 0, "127.0.0.1"
     port = int(get("MASTER_PORT") or (master_port_for_job(job_id) if job_id else 29500))
-    backend, dev = _pick_device(local_rank, device)
+    # device=None: who and where only (the rank shim, before the user's program picks its device)
+    backend, dev = _pick_device(local_rank, device) if device is not None else ("", "")
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
@@ -190,6 +192,22 @@ def from_environ(env: Mapping[str, str] | None = None, device: str = "auto") -> 
         host=socket.gethostname(),
         launcher_vars=tuple((k, env[k]) for k in RECORDED_VARS if k in env),
     )
+
+
+def torchrun_environ(env: DistEnv) -> dict[str, str]:
+    """torchrun's environment contract for a rank, so a script written for torchrun runs
+    unchanged under srun or the local launcher (what torchrun's agent would have set)."""
+    return {
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+        "GROUP_RANK": str(env.node_rank),
+        "ROLE_RANK": str(env.rank),
+        "GROUP_WORLD_SIZE": str(env.world_size // max(env.local_world_size, 1)),
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+    }
 
 
 def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int | None:

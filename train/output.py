@@ -55,3 +55,19 @@ def redirect_to(path: Path) -> None:
 def timestamp_lines() -> None:
     sys.stdout = TimestampedStream(sys.stdout)
     sys.stderr = TimestampedStream(sys.stderr)
+
+
+def leave(code: int) -> None:
+    """Exit without interpreter finalization, once the rank's work is done.
+
+    torch's gloo threads can abort the process while Python tears down ("terminate called
+    without an active exception", SIGABRT) after training finished, its records were written
+    and the process group was destroyed: a finished rank would then count as a crashed one.
+    Everything that matters is flushed here; the finalizers that crash are skipped.
+    """
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: nothing more can be written
+            pass
+    os._exit(code)

@@ -1,0 +1,172 @@
+"""The local launcher: a job's steps on this machine, as srun would run them on one node.
+
+``start`` spawns a controller (``python -P -m cluster.local JOB_ROOT``) in a session of its
+own, so that it outlives the submitting command; its pid is the job id, and the job directory
+``JOB_ROOT/<pid>`` is filled by the submitter before the controller is told to go (a line on
+its standard input). The controller runs each step of the request (``cluster.request``): every
+task with its rank's torchrun environment, its output appended to the task's log, like
+``srun --output``. Like ``srun --kill-on-bad-exit`` it ends the step when a task fails (SIGTERM,
+then SIGKILL after KILL_WAIT_S), and it ends every task at the time limit or when it is itself
+told to stop (``cluster cancel``). Its own account goes to ``controller.log`` in the job directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cluster import paths
+from cluster.plan import Plan
+from cluster.poll import WaitTimeout, wait_until
+from cluster.request import Request, substitute
+from cluster.spec import JobSpec
+from train.protocol import master_port_for_job
+
+KILL_WAIT_S = 5.0  # SLURM's KillWait of the minicluster: SIGTERM, then SIGKILL
+
+
+def start(job_root: Path, python: str) -> subprocess.Popen:
+    """The controller, waiting for its go; its pid is the job id."""
+    job_root.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [python, "-P", "-m", "cluster.local", str(job_root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,  # never the caller's pipe: `submit ... | tee` must not wait for the job
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def go(controller: subprocess.Popen) -> None:
+    controller.stdin.write(b"go\n")
+    controller.stdin.close()
+
+
+def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_id: str) -> dict:
+    """What the controller runs: each step's tasks, with their commands, environments and logs."""
+    values = {"JOB_DIR": str(job_dir), "JOB_ID": job_id, "MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(master_port_for_job(job_id))}  # fmt: skip
+    steps = []
+    for step in request.steps:
+        command = [substitute(w, values) for w in step.command]
+        if request.setup:  # the spec's setup lines run in each task's shell, as in the batch script
+            command = ["bash", "-c", "\n".join([*request.setup, 'exec "$@"']), "bash", *command]
+        tasks = []
+        for task in range(step.tasks_per_node):
+            env = {**dict(request.env), "KIT_JOB_ID": job_id, "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": values["MASTER_PORT"]}  # fmt: skip
+            slot = plan.ranks[task]  # a torchrun agent's GPUs: its node's, as every rank of it sees them
+            if step.per_rank:  # one task per rank: torchrun's contract
+                env.update(RANK=str(slot.rank), LOCAL_RANK=str(slot.local_rank), GROUP_RANK="0",
+                           WORLD_SIZE=str(plan.world_size), LOCAL_WORLD_SIZE=str(plan.tasks_per_node))  # fmt: skip
+            # As planned; without GPUs in the plan, the machine's own are hidden.
+            env["CUDA_VISIBLE_DEVICES"] = slot.visible_devices
+            log = str(job_dir / step.output.replace("%5t", f"{task:05d}").replace("${ATTEMPT_SUFFIX}", ""))
+            tasks.append({"command": command, "env": env, "log": log})
+        steps.append({"name": step.name, "tasks": tasks})
+    return {"steps": steps, "time_limit_s": spec.time_minutes * 60, "cwd": os.getcwd()}
+
+
+# ----------------------------------------------------------------------------- the controller
+
+
+class Controller:
+    def __init__(self, job_dir: Path, launch: dict):
+        self.job_dir, self.launch = job_dir, launch
+        self.deadline = time.monotonic() + launch["time_limit_s"]
+        self.stopping: str | None = None  # why the job is being ended early
+        self.procs: list[subprocess.Popen] = []
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+
+    def say(self, text: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+
+    def stop(self, signum, frame) -> None:
+        self.stopping = f"cancelled ({signal.Signals(signum).name})"
+
+    def run_step(self, step: dict) -> int:
+        self.say(f"step {step['name']}: {len(step['tasks'])} task(s)")
+        self.procs = []
+        for task in step["tasks"]:
+            with open(task["log"], "ab") as log:
+                self.procs.append(
+                    subprocess.Popen(
+                        task["command"],
+                        env={**os.environ, **task["env"]},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=self.launch["cwd"],
+                    )  # fmt: skip
+                )
+            self.say(f"  task {len(self.procs) - 1}: pid {self.procs[-1].pid}: {shlex.join(task['command'])[:300]}")
+        failed = None
+
+        def settled() -> bool:
+            nonlocal failed
+            codes = [p.poll() for p in self.procs]
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad and failed is None:
+                failed = bad[0]
+                self.say(f"task {failed[0]} exited with {failed[1]}: ending the step (kill-on-bad-exit)")
+                self.end_tasks()
+            if self.stopping:
+                self.say(f"{self.stopping}: ending the step")
+                self.end_tasks()
+            return all(c is not None for c in codes)
+
+        try:
+            wait_until(settled, max(0.0, self.deadline - time.monotonic()), "the step's tasks", 0.1)
+        except WaitTimeout:
+            self.say("time limit reached: ending the step")
+            self.stopping = "time limit"
+            self.end_tasks()
+        codes = [p.wait() for p in self.procs]
+        self.say(f"step {step['name']} ended: exit codes {codes}")
+        if failed is not None:
+            return failed[1] if failed[1] > 0 else 128 - failed[1]
+        return 1 if self.stopping else 0
+
+    def end_tasks(self) -> None:
+        """SIGTERM to every task still running (they dump their stacks), SIGKILL after KILL_WAIT_S."""
+        live = [p for p in self.procs if p.poll() is None]
+        for p in live:
+            p.send_signal(signal.SIGTERM)
+        try:
+            wait_until(lambda: all(p.poll() is not None for p in live), KILL_WAIT_S, "the tasks to end", 0.1)
+        except WaitTimeout:
+            for p in live:
+                if p.poll() is None:
+                    self.say(f"pid {p.pid} outlived SIGTERM by {KILL_WAIT_S:g} s: SIGKILL")
+                    p.kill()
+
+    def run(self) -> int:
+        for step in self.launch["steps"]:
+            code = self.run_step(step)
+            if code:
+                return code
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    job_root = Path(argv[0])
+    if sys.stdin.readline().strip() != "go":  # the submitter died before the job was written
+        return 1
+    job_dir = paths.job_dir(job_root.parent, job_root.name, str(os.getpid()))
+    fd = os.open(job_dir / paths.CONTROLLER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    controller = Controller(job_dir, json.loads((job_dir / paths.LAUNCH).read_text()))
+    code = controller.run()
+    controller.say(f"job ended: exit {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

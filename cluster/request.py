@@ -1,0 +1,154 @@
+"""The one translation from a job spec and its plan to what runs: the request. Pure.
+
+``render`` writes it as an sbatch script, ``submit`` sends that script to ``sbatch`` (or runs
+the same steps with the local launcher) and ``--dry-run`` prints it: they cannot disagree.
+Commands may hold shell variables that the batch script sets (and the local launcher
+substitutes): $JOB_DIR, $JOB_ID, $MASTER_ADDR, $MASTER_PORT.
+
+What each task runs:
+- the built-in trainer: ``python -P -m train``, its configuration in ``$JOB_DIR/train.yaml``;
+- a user's program: the rank shim ``python -P -m train.shim ... -- <program>`` (the torchrun
+  environment, per-rank log, stacks, progress from optimizer steps, start and end records).
+``-P`` keeps the working directory off ``sys.path``: a user's own ``train.py`` or ``cluster.py``
+there cannot shadow the kit (the shim puts it back for the user's program).
+Launchers: ``per_task``, one task per rank (srun's tasks, each told its rank); ``torchrun``,
+one task per node running torchrun, whose workers are the ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from cluster import paths
+from cluster.plan import Plan, gpu_binding
+from cluster.spec import JobSpec
+
+VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # "preflight" or "train"
+    tasks_per_node: int
+    srun: tuple[str, ...]  # srun options of this step, after the shared ones
+    output: str  # each task's log in the job directory; %5t is the task id (srun's pattern)
+    command: tuple[str, ...]
+    per_rank: bool = True  # one task per rank (told its rank), or one torchrun agent per node
+
+
+@dataclass(frozen=True)
+class Request:
+    sbatch: tuple[str, ...]
+    srun: tuple[str, ...]  # srun options every step shares
+    env: tuple[tuple[str, str], ...]  # exported before any step, sorted
+    setup: tuple[str, ...]
+    steps: tuple[Step, ...]
+    launcher: str  # per_task or torchrun
+
+    @property
+    def uses_rendezvous_variables(self) -> bool:
+        return any(f"${v}" in w for s in self.steps for w in s.command for v in ("MASTER_ADDR", "JOB_ID"))
+
+
+def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
+    opts = [
+        f"--job-name={spec.name}",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={plan.tasks_per_node}",
+        f"--cpus-per-task={spec.cpus_per_task}",
+        f"--time={spec.time}",
+        f"--output={paths.batch_output(spec.log_dir, spec.name)}",
+        "--open-mode=append",  # a requeued attempt appends instead of truncating
+    ]
+    if plan.gpus_per_task:
+        if gpu_binding(spec) == "per_task":
+            opts.append(f"--gpus-per-task={plan.gpus_per_task}")
+        else:
+            opts.append(f"--gpus-per-node={spec.gpus_per_node}")
+    for key in ("mem", "partition", "account", "qos", "constraint", "signal"):
+        if getattr(spec, key):
+            opts.append(f"--{key}={getattr(spec, key)}")
+    if spec.exclusive:
+        opts.append("--exclusive")
+    opts.append("--requeue" if spec.requeue else "--no-requeue")
+    return opts + list(spec.sbatch_extra)
+
+
+def srun_options(spec: JobSpec) -> list[str]:
+    opts = ["--kill-on-bad-exit=1"]  # one dead rank ends the step at once instead of a collective timeout
+    c = spec.container
+    if c.runtime == "pyxis":
+        opts.append(f"--container-image={c.image}")
+        if c.mounts:
+            opts.append(f"--container-mounts={','.join(c.mounts)}")
+        if c.workdir:
+            opts.append(f"--container-workdir={c.workdir}")
+    return opts
+
+
+def in_container(spec: JobSpec, cmd: list[str]) -> list[str]:
+    c = spec.container
+    if c.runtime == "apptainer":
+        binds = [f"--bind={m}" for m in c.mounts]
+        pwd = [f"--pwd={c.workdir}"] if c.workdir else []
+        return ["apptainer", "exec", "--nv", *binds, *pwd, c.image, *cmd]
+    return cmd
+
+
+def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
+    """What one rank runs: the built-in trainer, or the shim around the user's program.
+    ``rank_log``: the rank writes its own log (torchrun's workers share the agent's output)."""
+    if spec.program is None:
+        log = ["--rank-log"] if rank_log else []
+        config = f"$JOB_DIR/{paths.TRAIN_CONFIG}"
+        return [python, "-P", "-m", "train", *log, "--timestamps", "--config", config, "train.run_dir=$JOB_DIR"]
+    p = spec.program
+    shim = [python, "-P", "-m", "train.shim", "--job-dir=$JOB_DIR"]
+    if rank_log:
+        shim.append("--rank-log")
+    stall = spec.stall_timeout_s if spec.stall_timeout_s is not None else spec.train.stall_timeout_s
+    shim += [f"--stall-timeout-s={stall:g}", f"--{p.kind}={p.target}"]
+    if p.kind == "function":
+        shim.append(f"--kwargs={json.dumps(p.kwargs, sort_keys=True, separators=(',', ':'))}")
+    return [*shim, "--", *p.args]
+
+
+def torchrun(spec: JobSpec, plan: Plan, python: str, worker: list[str]) -> list[str]:
+    """One agent per node (the TorchX and NeMo-Run convention), rendezvous on the first node."""
+    return [
+        python, "-P", "-m", "torch.distributed.run",
+        f"--nnodes={plan.nodes}", f"--nproc-per-node={plan.tasks_per_node}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "--rdzv-id=$JOB_ID",
+        "--no-python", *worker,
+    ]  # fmt: skip
+
+
+def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = False) -> Request:
+    steps = []
+    if spec.preflight or preflight_only:
+        check = in_container(spec, [python, "-P", "-m", "train.preflight", "--join-timeout-s=120"])
+        steps.append(Step("preflight", plan.tasks_per_node, (), paths.SRUN_PREFLIGHT_LOG, tuple(check)))
+    if not preflight_only:
+        if spec.launcher == "torchrun":
+            agent = torchrun(spec, plan, python, rank_program(spec, python, rank_log=True))
+            srun = (f"--ntasks={plan.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
+            steps.append(Step("train", 1, srun, paths.SRUN_NODE_LOG, tuple(in_container(spec, agent)), per_rank=False))
+        else:
+            command = in_container(spec, rank_program(spec, python, rank_log=False))
+            steps.append(Step("train", plan.tasks_per_node, (), paths.SRUN_RANK_LOG, tuple(command)))
+    return Request(
+        sbatch=tuple(sbatch_options(spec, plan)),
+        srun=tuple(srun_options(spec)),
+        env=tuple(sorted(spec.env.items())),
+        setup=tuple(spec.setup),
+        steps=tuple(steps),
+        launcher=spec.launcher,
+    )
+
+
+def substitute(word: str, values: dict[str, str]) -> str:
+    """The batch script's variables in a command word, for the local launcher."""
+    for name in VARIABLES:
+        word = word.replace(f"${name}", values[name])
+    return word

@@ -1,0 +1,201 @@
+"""``python -P -m train.shim --job-dir DIR [options] (--script F | --module M | --function M:F | --command EXE) -- ARGS``
+
+The rank shim: what the kit does for every rank, around a user's program that knows nothing
+of it (it runs unchanged):
+- torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+  MASTER_ADDR, MASTER_PORT) from whichever launcher started the rank (``train.dist_env``);
+- every output line timestamped, in the rank's log (``--rank-log``: the shim opens it, for
+  torchrun's workers; otherwise srun or the local launcher already point the output there);
+- every thread's stack in that log on SIGTERM, fatal signals and ``cluster snapshot``;
+- progress from the optimizer's steps (torch's global optimizer-step hook): step records with
+  step times, and the stall watchdog, armed at the first step;
+- start and end records (``train.protocol``), so ``cluster logs`` tells completed from failed,
+  killed, stalled, and "completed without training progress".
+
+Python programs run in this process, as ``python script.py`` or ``python -m module`` would run
+them (``sys.argv``, ``sys.path[0]``, ``__main__``). The kit's own packages (``train``,
+``cluster``) are dropped from ``sys.modules`` before: a user's ``train.py`` is the user's. A
+``command`` (any executable) runs as a child whose output is timestamped line by line and
+which gets the signals the rank gets; its progress cannot be seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib
+import json
+import os
+import runpy
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from train.dist_env import cpu_threads, from_environ, torchrun_environ
+from train.hangs import StallWatchdog, install_dumps
+from train.output import leave, redirect_to, timestamp_lines
+from train.protocol import DUMP_SIGNAL, PREEMPT_SIGNAL, RecordWriter, log_name
+
+RECORD_EVERY_S = 5.0  # a step record at the first step, then at most this often
+
+
+class StepProgress:
+    """The global optimizer-step hook: counts steps, feeds the watchdog, writes step records."""
+
+    def __init__(self, writer: RecordWriter, watchdog: StallWatchdog):
+        self.writer, self.watchdog = writer, watchdog
+        self.steps = 0
+        self.written_step, self.written_at = 0, time.perf_counter()
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        self.steps += 1
+        if self.steps == 1:
+            self.watchdog.start()  # from the first step: start-up (data, compilation) is not a stall
+            self.write()
+        else:
+            self.watchdog.progress()
+            if time.perf_counter() - self.written_at >= RECORD_EVERY_S:
+                self.write()
+
+    def write(self) -> None:
+        now = time.perf_counter()
+        done = self.steps - self.written_step
+        step_ms = (now - self.written_at) / done * 1e3 if done and self.written_step else None
+        self.writer.write("step", step=self.steps, step_ms=step_ms, train_loss=None, samples_per_s=None)
+        self.written_step, self.written_at = self.steps, now
+
+    def finish(self) -> None:
+        self.watchdog.stop()
+        if self.steps > self.written_step:
+            self.write()
+
+
+def drop_kit_modules() -> None:
+    """The user's program imports its own ``train`` or ``cluster``, never the kit's."""
+    for name in list(sys.modules):
+        if name.split(".")[0] in ("train", "cluster"):
+            del sys.modules[name]
+
+
+def exit_code(exc: SystemExit) -> int:
+    """What Python makes of ``sys.exit(x)``: None is 0, a number itself, anything else is
+    printed and is 1."""
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def run_python(kind: str, target: str, args: list[str], kwargs: dict) -> int:
+    if kind == "script":
+        path = os.path.abspath(target)
+        sys.argv = [target, *args]
+        sys.path.insert(0, os.path.dirname(path))  # as `python script.py` does
+    else:
+        sys.argv = [target, *args]
+        sys.path.insert(0, os.getcwd())  # as `python -m` does
+    drop_kit_modules()
+    try:
+        if kind == "script":
+            runpy.run_path(path, run_name="__main__")
+        elif kind == "module":
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            module, _, name = target.partition(":")
+            getattr(importlib.import_module(module), name)(**kwargs)
+    except SystemExit as exc:
+        return exit_code(exc)
+    except BaseException:  # printed as Python would, for the log inspector
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def run_command(command: str, args: list[str]) -> int:
+    """A child process: its lines stamped as they come, the rank's signals passed on."""
+    child = subprocess.Popen([command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for sig in (signal.SIGTERM, signal.SIGINT, PREEMPT_SIGNAL, signal.SIGUSR2, DUMP_SIGNAL):
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+
+    def pump() -> None:
+        for line in iter(child.stdout.readline, b""):
+            sys.stdout.write(line.decode(errors="replace"))
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    code = child.wait()
+    reader.join(timeout=5)
+    return code if code >= 0 else 128 - code
+
+
+def finish_like_python() -> None:
+    """What interpreter exit does for the program, without the finalization that can abort
+    (``train.output.leave``): wait for its non-daemon threads, run its atexit functions."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -P -m train.shim", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--job-dir", required=True, help="where the rank's records (and --rank-log's log) go")
+    parser.add_argument("--rank-log", action="store_true", help="open the rank's own log (torchrun's workers)")
+    parser.add_argument("--stall-timeout-s", type=float, default=180.0, help="0: no stall watchdog")
+    what = parser.add_mutually_exclusive_group(required=True)
+    for kind in ("script", "module", "function", "command"):
+        what.add_argument(f"--{kind}")
+    parser.add_argument("--kwargs", default="{}", help="a function's keyword arguments, JSON")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: the program's arguments")
+    parsed = parser.parse_args(argv)
+    if parsed.args[:1] == ["--"]:
+        parsed.args = parsed.args[1:]
+    return parsed
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    kind = next(k for k in ("script", "module", "function", "command") if getattr(args, k))
+    target = getattr(args, kind)
+    env = from_environ(device=None)
+    job_dir = Path(args.job_dir)
+    if args.rank_log:
+        redirect_to(job_dir / log_name(env.rank, env.restart))
+    timestamp_lines()
+    install_dumps()
+    for key, value in torchrun_environ(env).items():
+        os.environ.setdefault(key, value)  # torchrun's own, for its workers, stay
+    threads = cpu_threads(env)
+    if threads:  # as torchrun does: ranks sharing a node's cores must not each take all of them
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+    writer = RecordWriter(job_dir, env.rank)
+    writer.write(
+        "start", env=env.as_record(), pid=os.getpid(), program={"kind": kind, "target": target, "args": args.args}
+    )
+    print(
+        f"rank {env.rank}/{env.world_size} on {env.host} (node {env.node_rank}, local rank {env.local_rank}), "
+        f"pid {os.getpid()}: {kind} {target} {' '.join(args.args)}".rstrip(),
+        flush=True,
+    )
+    progress = None
+    if kind == "command":
+        code = run_command(target, args.args)
+    else:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s))
+        register_optimizer_step_post_hook(progress)
+        code = run_python(kind, target, args.args, json.loads(args.kwargs))
+        finish_like_python()
+        progress.finish()
+    writer.write("end", exit_code=code, steps=progress.steps if progress else None)
+    writer.close()
+    leave(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
