@@ -21,6 +21,14 @@ LOCAL = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": 
          "MASTER_ADDR": "127.0.0.1", "KIT_JOB_ID": "999"}  # fmt: skip
 
 
+def test_torchrun_contract_from_srun_variables():
+    """What the rank shim exports for a script written for torchrun, from srun's variables."""
+    contract = torchrun_environ(from_environ(SLURM, device=None))
+    assert {k: contract[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
+        "RANK": "6", "LOCAL_RANK": "2", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}  # fmt: skip
+    assert (contract["MASTER_ADDR"], contract["MASTER_PORT"]) == ("gpu-a07", str(20000 + 4242))
+
+
 @pytest.mark.parametrize(
     "env, want",
     [
@@ -37,14 +45,6 @@ LOCAL = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": 
         (LOCAL, dict(launcher="torchrun", rank=1, world_size=3, local_rank=1, master_port=20999, job_id="999")),
     ],
 )  # fmt: skip
-def test_torchrun_contract_from_srun_variables():
-    """What the rank shim exports for a script written for torchrun, from srun's variables."""
-    contract = torchrun_environ(from_environ(SLURM, device=None))
-    assert {k: contract[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
-        "RANK": "6", "LOCAL_RANK": "2", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}  # fmt: skip
-    assert (contract["MASTER_ADDR"], contract["MASTER_PORT"]) == ("gpu-a07", str(20000 + 4242))
-
-
 def test_from_environ(env, want):
     got = from_environ(env)
     assert {k: getattr(got, k) for k in want} == want
