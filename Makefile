@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
-run: $(VENV)/.installed  ## the embedded default: jobs/local.yaml, 4 ranks here via submitit's local executor
+run: $(VENV)/.installed  ## the embedded default: jobs/local.yaml, 4 ranks on this machine (the local launcher)
 	$(PY) -m cluster submit jobs/local.yaml --wait
 
 submit: $(VENV)/.installed  ## make submit JOB=jobs/multi_node.yaml [ARGS="nodes=4 train.steps=200"]

@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the check (queue time included)")
     p.set_defaults(func=cmd_preflight)
-    p = with_spec("submit", "submit through submitit (SLURM, or the local executor for cluster: local)")
+    p = with_spec("submit", "submit: sbatch of the rendered script (SLURM), or the local launcher (cluster: local)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
     p.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
     p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 if any rank failed")
@@ -360,5 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `cluster-kit` command."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

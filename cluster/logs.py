@@ -171,7 +171,7 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
     One byte search (C speed) for what tracebacks and faulthandler dumps share,
     "(most recent call ", continued past each hit; a completed rank needs only its last line."""
     out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None, "stalled": None,
-           "exit_crash": None}  # fmt: skip
+           "exit_crash": None, "mtime": None}  # fmt: skip
     if path is None:
         return out
     try:
@@ -179,7 +179,8 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
     except FileNotFoundError:  # removed since the directory was listed
         return out
     with f, contextlib.ExitStack() as stack:
-        size = os.fstat(f.fileno()).st_size
+        stat = os.fstat(f.fileno())
+        size, out["mtime"] = stat.st_size, stat.st_mtime
         if not size:
             return out
         # Reading a file is faster than mapping it (no page faults); very large ones are mapped.
@@ -362,6 +363,9 @@ def rank_reports(
                 rep.error, rep.log = scheduler_says(job_dir)
             else:
                 rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
+                # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
+                # dates the end, after the error of a peer that made the launcher kill it.
+                rep.last_time = max(rep.last_time or 0, scan["mtime"] or 0) or None
             rep.error_time = rep.last_time
             rep.frames = scan.get("dump_frames", [])
         reports.append(rep)

@@ -114,10 +114,6 @@ class ProgramSpec:
                 f"set exactly one of {', '.join(f'{prefix}.{k}' for k in PROGRAM_KINDS)}; "
                 + (f"got {', '.join(given)}" if given else "got none"),
             )
-        if self.kwargs and self.kind != "function":
-            raise ConfigError(f"{prefix}.kwargs", f"kwargs are for {prefix}.function; a {self.kind} takes args")
-        if self.args and self.kind == "function":
-            raise ConfigError(f"{prefix}.args", f"{prefix}.function is called with kwargs, not args")
         check = {
             "script": _check_script,
             "module": _check_module,
@@ -125,6 +121,10 @@ class ProgramSpec:
             "command": _check_command,
         }
         check[self.kind](f"{prefix}.{self.kind}", self.target)
+        if self.kwargs and self.kind != "function":
+            raise ConfigError(f"{prefix}.kwargs", f"kwargs are for {prefix}.function; a {self.kind} takes args")
+        if self.args and self.kind == "function":
+            raise ConfigError(f"{prefix}.args", f"{prefix}.function is called with kwargs, not args")
 
 
 def _check_script(key: str, path: str) -> None:

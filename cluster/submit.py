@@ -48,7 +48,7 @@ class Submitted:
     cluster: str
 
     def done(self) -> bool:
-        if self.cluster == "local":  # every process of it, not only submitit's controller
+        if self.cluster == "local":  # every process of it, not only the launcher's controller
             return local_state(self.job_id, self.log_dir) != "RUNNING"
         return slurm_ended(slurm_state(self.job_id))
 

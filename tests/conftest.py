@@ -1,5 +1,4 @@
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,23 +39,27 @@ def pytest_addoption(parser):
 
 
 # ----------------------------------------------------------------------------- no leftovers
-# Processes of the jobs the suite starts: submitit's controller and tasks, ranks of the
-# built-in trainer or of a user's program, torchrun agents and test workers.
-JOB_PROCESS = re.compile(
-    r"submitit|-m train\b|train\.preflight|torch\.distributed\.run|torchrun|tests\.dist_worker|jobs/"
-)
+# Every process the suite starts inherits this variable (also when orphaned and reparented),
+# so its leftovers are found exactly, and a second test session beside it is left alone.
+SESSION_MARK = "KIT_TEST_SESSION"
 
 
 def job_processes() -> dict[int, str]:
+    """This session's live descendants, however far they went."""
     from cluster.processes import alive, command_line
 
-    mine = {os.getpid(), os.getppid()}
+    mark = f"{SESSION_MARK}={os.getpid()}".encode()
     found = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in mine and alive(int(entry)):
-            cmd = command_line(int(entry))
-            if JOB_PROCESS.search(cmd) and "pytest" not in cmd:
-                found[int(entry)] = cmd
+        pid = int(entry) if entry.isdigit() else None
+        if pid is None or pid == os.getpid() or not alive(pid):
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if mark in environ:
+            found[pid] = command_line(pid)
     return found
 
 
@@ -68,10 +71,7 @@ def slurm_jobs() -> list[str]:
 
 
 def pytest_sessionstart(session):
-    session.config.stash[BEFORE] = set(job_processes())
-
-
-BEFORE = pytest.StashKey[set]()
+    os.environ[SESSION_MARK] = str(os.getpid())
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -79,8 +79,7 @@ def pytest_sessionfinish(session, exitstatus):
     from cluster.poll import WaitTimeout, wait_until
     from cluster.processes import kill_after
 
-    before = session.config.stash.get(BEFORE, set())
-    left = lambda: {p: c for p, c in job_processes().items() if p not in before}
+    left = job_processes
     try:  # teardowns of the last test's job may still be running
         wait_until(lambda: not left() and not slurm_jobs(), 30, "the suite's jobs to end", 1.0)
         return

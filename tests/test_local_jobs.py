@@ -1,4 +1,4 @@
-"""Real multi-rank jobs through submitit's local executor, with real failures."""
+"""Real multi-rank jobs through the local launcher, with real failures."""
 
 import pytest
 

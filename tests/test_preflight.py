@@ -6,6 +6,7 @@ import pytest
 
 from cluster.plan import make_plan
 from cluster.render import render
+from cluster.request import make_request
 from cluster.spec import JobSpec
 from tests.conftest import ROOT, free_port, run_module
 from train.config import load
@@ -40,6 +41,7 @@ def test_a_rank_that_never_joins_is_named(tmp_path):
 
 def test_preflight_key_renders_a_preflight_step():
     spec = load(JobSpec, ROOT / "jobs/multi_node.yaml", ["preflight=true"])
-    text = render(spec, make_plan(spec), "python3")
+    plan = make_plan(spec)
+    text = render(spec, plan, make_request(spec, plan, "python3"))
     assert text.index("-m train.preflight") < text.index("-m train --timestamps")
     assert "preflight_%5t.log" in text

@@ -6,6 +6,7 @@ root); where it cannot work (not root, no apt) these tests skip with the printed
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -307,3 +308,74 @@ def test_preflight_on_two_nodes(tmp_path):
     assert "4 ranks joined" in result.stdout and "preflight OK" in result.stdout
     nodes = [line.split()[2] for line in result.stdout.splitlines() if line.split()[2:3] == ["vm"]]
     assert len(nodes) == 2  # one report line per node
+
+
+# ----------------------------------------------------------------------------- your own script
+def script_job(tmp_path, launcher: str, *args: str, wait: bool = True):
+    program = [f"program.launcher={launcher}", "stall_timeout_s=15",
+               f"program.args={json.dumps(['--steps', '100000', '--log-every', '10', *args])}"]  # fmt: skip
+    return submit("jobs/cnn.yaml", tmp_path, *FIT, "time=00:05:00", "requeue=false", *program, wait=wait)
+
+
+def seen_env(log: Path) -> dict[str, str]:
+    """The `env RANK=...` line jobs/train_cnn.py prints: what the script itself saw."""
+    line = next(line for line in log.read_text().splitlines() if " env RANK=" in line)
+    return dict(item.split("=", 1) for item in line.split(" env ", 1)[1].split())
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_your_own_script_on_two_nodes_sees_the_planned_environment(launcher, tmp_path):
+    plan = json.loads(
+        run_module("cluster", "plan", "jobs/cnn.yaml", *FIT, f"program.launcher={launcher}", "--json").stdout
+    )
+    result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, f"program.launcher={launcher}",
+                          'program.args=["--steps", "30", "--log-every", "10"]')  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    nodes = {}
+    for slot in plan["ranks"]:
+        env = seen_env(job_dir / f"rank_{slot['rank']:05d}.log")
+        start = next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")
+        assert (int(env["RANK"]), int(env["LOCAL_RANK"]), env["WORLD_SIZE"]) == (slot["rank"], slot["local_rank"], "4")
+        assert env["CUDA_VISIBLE_DEVICES"] == slot["visible_devices"] and env["LOCAL_WORLD_SIZE"] == "2"
+        nodes.setdefault(env["GROUP_RANK"], set()).add(start["env"]["launcher_vars"]["SLURMD_NODENAME"])
+        if launcher == "per_task":  # srun's block distribution, as planned
+            assert int(env["GROUP_RANK"]) == slot["node"]
+        else:  # torchrun's c10d rendezvous numbers the nodes itself: one group per node
+            assert int(env["GROUP_RANK"]) == slot["rank"] // 2
+    assert (
+        sorted(nodes) == ["0", "1"]
+        and all(len(n) == 1 for n in nodes.values())
+        and len(set.union(*nodes.values())) == 2
+    )
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and all(r["state"] == "completed" and r["last_step"] == 30 for r in report["ranks"])
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_your_own_script_on_two_nodes_names_the_rank_that_raised(launcher, tmp_path):
+    result, info = script_job(tmp_path, launcher, "--fail-at-step", "20", "--fail-rank", "3")
+    assert result.returncode == 1
+    code, report = logs_json(tmp_path / "cnn" / info["job_id"])
+    first = report["first_failure"]
+    assert code.returncode == 1 and first["rank"] == 3 and "--fail-at-step 20 on rank 3" in first["error"]
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watchdog(launcher, tmp_path):
+    from cluster.submit import TERMINAL, slurm_state
+
+    result, info = script_job(tmp_path, launcher, "--hang-at-step", "20", "--hang-rank", "2", wait=False)
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    try:
+        wait_for_line(job_dir / "rank_00002.log", "rank 2 hangs at step 20", timeout=120)
+        snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+        assert snap.returncode == 0 and json.loads(snap.stdout)["culprits"] == [2], snap.stdout + snap.stderr
+        assert slurm_state(info["job_id"]) == "RUNNING"
+        wait_state(info["job_id"], (*TERMINAL, "GONE"), timeout=180)  # the watchdog (15 s) ends it
+    finally:
+        subprocess.run(["scancel", info["job_id"]], check=False)
+    code, report = logs_json(job_dir)
+    assert code.returncode == 1 and report["hang"]["culprits"] == [2] and report["first_failure"]["rank"] == 2
+    assert "train_cnn.py" in report["first_failure"]["error"]

@@ -1,6 +1,6 @@
 """The launcher's environment, read in one place.
 
-torchrun, srun, mpirun and submitit each describe "who am I" with different variables.
+torchrun, srun, mpirun and the local launcher each describe "who am I" with different variables.
 :func:`from_environ` turns any of them into one :class:`DistEnv`; no other module reads
 these variables, so supporting a new launcher is a change here only.
 """
@@ -215,7 +215,7 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int |
 
     Several ranks with a thread per core each oversubscribe the CPU and slow gloo's
     busy-polling collectives by an order of magnitude (torchrun sets OMP_NUM_THREADS=1
-    for the same reason; submitit and srun set nothing).
+    for the same reason; srun sets nothing).
     """
     environ = os.environ if environ is None else environ
     if "OMP_NUM_THREADS" in environ or env.local_world_size <= 1:

@@ -27,7 +27,7 @@ from typing import Any
 
 # ----------------------------------------------------------------------------- signals
 DUMP_SIGNAL = signal.SIGURG  # ignored by default: a snapshot before a rank is ready cannot kill it
-PREEMPT_SIGNAL = signal.SIGUSR1  # the job spec's `signal: USR1@120`; submitit keeps USR2
+PREEMPT_SIGNAL = signal.SIGUSR1  # the job spec's `signal: USR1@120` (USR2 is left to libraries such as submitit)
 # Where the stall watchdog's dump starts: faulthandler's own header for a timer dump
 # ("Timeout (0:03:45)!"), which is how the log inspector tells a stall from other dumps.
 STALL_HEADER = "Timeout ("

@@ -40,7 +40,7 @@ from train.hangs import StallWatchdog, install_dumps
 from train.output import leave, redirect_to, timestamp_lines
 from train.protocol import DUMP_SIGNAL, PREEMPT_SIGNAL, RecordWriter, log_name
 
-RECORD_EVERY_S = 5.0  # a step record at the first step, then at most this often
+RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this often
 
 
 class StepProgress:
@@ -58,7 +58,7 @@ class StepProgress:
             self.write()
         else:
             self.watchdog.progress()
-            if time.perf_counter() - self.written_at >= RECORD_EVERY_S:
+            if self.steps & (self.steps - 1) == 0 or time.perf_counter() - self.written_at >= RECORD_EVERY_S:
                 self.write()
 
     def write(self) -> None:
