@@ -388,7 +388,14 @@ def find_hang(reports: list[RankReport]) -> dict | None:
     if not any(r.state == "stalled" for r in ended) and not any(stacks.HANG_ERROR.search(e) for e in errors.values()):
         return None
     found = {r.rank: stacks.last_stack(Path(r.log)) for r in ended if r.log}
-    return stacks.classify({k: v for k, v in found.items() if v is not None}, errors)
+    # A rank the launcher killed (fail-fast, after the first watchdog) while it was already
+    # handling a peer's failure shows no place of the hang; its cascade error, if it printed
+    # one, still says it was waiting.
+    teardown = {k for k, v in found.items() if v is not None and v.kind == "dump" and v.in_teardown()}
+    evidence = {
+        k: v for k, v in found.items() if v is not None and (k not in teardown or CASCADE.search(errors.get(k, "")))
+    }
+    return stacks.classify(evidence, errors)
 
 
 def triage(reports: list[RankReport], hang: dict | None = None) -> tuple[dict | None, dict[str, list[int]]]:

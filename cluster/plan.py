@@ -38,6 +38,7 @@ class Plan:
     ranks: tuple[RankSlot, ...]
     master_addr: str = "first host of the allocation (SLURM_JOB_NODELIST)"
     master_port: str = PORT_RULE
+    program: str = ""  # the user's program, described; "" for the built-in trainer
 
     def to_json(self) -> dict:
         return {
@@ -118,13 +119,15 @@ def make_plan(spec: JobSpec) -> Plan:
             coords = dims.coords(rank) if world > 1 and spec.program is None else None
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
     local = {"master_addr": "127.0.0.1 (this machine)"} if spec.cluster == "local" else {}
-    return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), **local)
+    program = f"{spec.program.kind} {spec.program.target}, launcher {spec.program.launcher}" if spec.program else ""
+    return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, **local)
 
 
 def format_plan(plan: Plan, limit: int = 64) -> str:
+    runs = f"program: {plan.program}" if plan.program else f"dims {asdict(plan.dims)}"
     lines = [
         f"world size {plan.world_size} = {plan.nodes} node(s) x {plan.tasks_per_node} task(s); "
-        f"{plan.gpus_per_task} GPU(s) per task; dims {asdict(plan.dims)}",
+        f"{plan.gpus_per_task} GPU(s) per task; {runs}",
         f"MASTER_ADDR: {plan.master_addr}",
         f"MASTER_PORT: {plan.master_port}",
         f"{'rank':>6} {'node':>5} {'host':<12} {'local':>5} {'gpus':<10} {'CUDA_VISIBLE_DEVICES':<21} {'device':<7} mesh",

@@ -127,7 +127,7 @@ def torchrun(spec: JobSpec, plan: Plan, python: str, worker: list[str]) -> list[
 def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = False) -> Request:
     steps = []
     if spec.preflight or preflight_only:
-        check = in_container(spec, [python, "-P", "-m", "train.preflight", "--join-timeout-s=120"])
+        check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", "--join-timeout-s=120"])
         steps.append(Step("preflight", plan.tasks_per_node, (), paths.SRUN_PREFLIGHT_LOG, tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":

@@ -51,6 +51,8 @@ DETAIL_LABEL = re.compile(
 # Messages that make a failure a hang rather than a crash.
 HANG_ERROR = re.compile(r"monitoredBarrier|Detected mismatch between collectives|[Tt]imed out|Timeout|Watchdog caught")
 ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+# Where a rank is between its program's end and its exit: the kit's entry points.
+TEARDOWN_FILES = re.compile(r"train/(__main__|runner|shim)\.py$")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,14 @@ class Stack:
     frames: list[Frame]  # innermost first
     kind: str  # "stall" (watchdog), "dump" (signal or snapshot) or "traceback"
     header: str = ""  # the line before a dump's first thread: the watchdog's "Timeout (0:00:25)!"
+
+    def in_teardown(self) -> bool:
+        """Printing a traceback, or back in the entry point after the program ended: a rank
+        caught here by the launcher's SIGTERM had already stopped (a peer's failure reached it),
+        and where it stopped is no evidence of the hang."""
+        return any(f.file.endswith("/traceback.py") for f in self.frames) or bool(
+            self.frames and TEARDOWN_FILES.search(self.frames[0].file)
+        )
 
     def innermost_project(self) -> Frame | None:
         return next((f for f in self.frames if f.project), None)

@@ -179,6 +179,28 @@ def test_inspector_report_of_a_synthetic_stall(tmp_path):
     assert report.cascade == {"stall watchdog fired": [0, 1, 3]}
 
 
+def test_ranks_killed_by_fail_fast_while_handling_a_peers_failure_do_not_hide_the_culprit(tmp_path):
+    """The launcher ends the job when the first watchdog fires: rank 1 is killed while printing
+    its own cascade error (no evidence), rank 3 after printing one (waiting). Rank 2 is named."""
+    job = tmp_path / "job"
+    job.mkdir()
+    stall = "Timeout (0:00:12.500000)!"
+    printing = ['  File "/usr/lib/python3.11/traceback.py", line 180 in print_exc',
+                '  File "/kit/train/runner.py", line 49 in run_rank']  # fmt: skip
+    cascade = (
+        "2026-01-01T12:00:02.000 Traceback (most recent call last):\n"
+        '2026-01-01T12:00:02.000   File "/kit/train/loop.py", line 149, in forward_backward\n'
+        "2026-01-01T12:00:02.000 RuntimeError: Connection closed by peer [127.0.0.1]:26814\n"
+    )
+    log(job / "rank_00000.log", dump(WAITING, stall))
+    log(job / "rank_00001.log", "2026-01-01T12:00:02.000 rank 1 failed on vm:\n", dump(printing, helper=False))
+    log(job / "rank_00002.log", dump(HUNG, stall))
+    log(job / "rank_00003.log", cascade, dump(['  File "/kit/train/__main__.py", line 52 in main'], helper=False))
+    report = inspect(job, running=False)
+    assert [r.state for r in report.ranks] == ["stalled", "killed", "stalled", "failed"]
+    assert report.hang["culprits"] == [2] and report.first_failure["rank"] == 2
+
+
 @pytest.mark.slow
 def test_watchdog_fires_while_the_main_thread_holds_the_gil_in_c():
     """A catastrophic regex runs in C without releasing the GIL: no Python thread could run,

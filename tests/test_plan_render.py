@@ -129,6 +129,16 @@ def test_cli_missing_file_exits_2():
     assert result.returncode == 2 and "jobs/nope.yaml" in result.stderr
 
 
+def test_cli_binary_spec_exits_2_with_one_line(tmp_path):
+    binary = tmp_path / "job.yaml"
+    binary.write_bytes(bytes(range(256)) * 8)
+    result = run_module("cluster", "submit", str(binary), f"log_dir={tmp_path / 'runs'}")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"error: {binary}: not a text file (not UTF-8): expected a YAML job spec or config"
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
 def golden_cases():
     cases = [(p.stem, p, []) for p in JOBS]
     cases += [

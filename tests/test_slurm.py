@@ -96,7 +96,7 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
     """The stock multi_node spec asks 8 CPUs per task and 128G per node; the emulated nodes
     have 4 CPUs and 8000 MB. SLURM accepts such a job and leaves it pending forever: status
     and --wait say why, and once cancelled, logs says no rank started."""
-    from cluster.submit import Submitted, slurm_job
+    from cluster.submit import NeverStarts, Submitted, slurm_job
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", wait=False)
     assert result.returncode == 0, result.stderr
@@ -110,8 +110,9 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
         assert "will not start as submitted" in state["reason"]
         said = []
         ended = Submitted(info["job_id"], tmp_path, "slurm").done_saying_why_pending(said.append)
-        assert not ended() and not ended()
-        assert said == [f"job {info['job_id']} is pending: {state['reason']}"]  # once per reason
+        with pytest.raises(NeverStarts, match="will not start as submitted"):  # waiting would be forever
+            ended()
+        assert said == [f"job {info['job_id']} is pending: {state['reason']}"]
     finally:
         subprocess.run(["scancel", info["job_id"]], check=False)
     wait_state(info["job_id"], ("CANCELLED", "GONE"), timeout=30)
@@ -180,7 +181,7 @@ def test_time_limit_signal_through_submit_checkpoints_and_requeues(tmp_path):
     try:
         wait_until(lambda: any(r["event"] == "preempted" for r in records()), 240, "the time-limit signal")
         wait_state(job_id, ("PENDING",), timeout=60)  # requeued by rank 0 after the checkpoint
-        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+        start_again(job_id)
         wait_until(lambda: any(r["event"] == "resume" for r in records()), 120, "the second attempt to resume")
     finally:
         subprocess.run(["scancel", job_id], check=False)
@@ -254,6 +255,13 @@ def final_params(ckpt) -> dict:
     return state["model"]
 
 
+def start_again(job_id: str) -> None:
+    """A requeued job waits about two minutes before it may start; start it now, or rather
+    in 2 s: relaunched within the second its previous attempt was killed, slurmd refuses it
+    ("Killing non-startable batch job: Job credential revoked", seen here)."""
+    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"], check=True)
+
+
 def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> str:
     from cluster.submit import slurm_state
 
@@ -288,7 +296,7 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
         else:  # what SLURM sends ahead of a time limit (--signal=USR1@...): ranks save, rank 0 requeues
             subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
         wait_state(job_id, ("PENDING",))
-        subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
+        start_again(job_id)
         assert wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "GONE")) in ("COMPLETED", "GONE")
     finally:
         subprocess.run(["scancel", job_id], check=False)
@@ -379,3 +387,14 @@ def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watch
     code, report = logs_json(job_dir)
     assert code.returncode == 1 and report["hang"]["culprits"] == [2] and report["first_failure"]["rank"] == 2
     assert "train_cnn.py" in report["first_failure"]["error"]
+
+
+def test_preflight_of_a_job_slurm_will_never_start_ends_and_cancels_it(tmp_path):
+    """The stock multi_node spec asks more than the emulated nodes have: the preflight wait
+    stops at SLURM's PartitionConfig reason instead of waiting forever, and cancels the job."""
+    before = squeue_ids()
+    result = run_module(
+        "cluster", "preflight", "jobs/multi_node.yaml", "time=00:05:00", f"log_dir={tmp_path}", timeout=180
+    )
+    assert result.returncode == 1 and "will not start as submitted" in result.stdout, result.stdout + result.stderr
+    assert wait_until(lambda: squeue_ids() == before, 60, "the preflight job to be cancelled")

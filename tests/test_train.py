@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -63,13 +64,37 @@ def test_bf16_autocast_trains_on_cpu(run_dir):
         (["train.precision=fp16"], "train.precision"),  # fp16 needs CUDA
         (["train.batch_size=60", "train.grad_accum=8"], "train.batch_size"),
         (["--config", "no/such.yaml"], "no/such.yaml"),
+        (["optim.lr=nan"], "optim.lr"),
     ],
 )
 def test_cli_bad_input_exits_2_naming_the_key(args, key, run_dir):
     result = run_module("train", f"train.run_dir={run_dir}", *args, timeout=120)
     assert result.returncode == 2, result.stderr
-    assert key in result.stderr
+    assert key in result.stderr and len(result.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert not (run_dir / "rank_00000.jsonl").exists() or "precision" in key or "batch" in key
+
+
+def test_a_loss_that_turns_nan_stops_the_run_naming_step_rank_and_last_finite_loss(run_dir):
+    result = run_module("train", f"train.run_dir={run_dir}", "optim.lr=30", "train.steps=400", "train.log_every=5")
+    assert result.returncode == 1
+    assert re.search(
+        r"NonFiniteLoss: training loss is (nan|inf) at step \d+ on rank 0 \(last finite loss", result.stderr
+    )
+    assert "step 400/400" not in result.stdout  # stopped, not trained to the end on nan
+    on = run_module("train", f"train.run_dir={run_dir}2", "optim.lr=30", "train.steps=60", "train.log_every=5",
+                    "train.stop_on_nonfinite=false")  # fmt: skip
+    assert on.returncode == 0 and "step 60/60  train_loss nan" in on.stdout
+
+
+def test_check_finite_names_the_rank_whose_own_loss_is_not_finite():
+    from train.errors import NonFiniteLoss
+    from train.loop import check_finite
+
+    assert check_finite({"step": 5, "train_loss": 1.5, "local_loss": 1.4}, 0, None) == (5, 1.5)
+    with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 10 on rank 3 \(last finite loss 1.5 at step 5\)"):
+        check_finite({"step": 10, "train_loss": float("nan"), "local_loss": float("nan")}, 3, (5, 1.5))
+    with pytest.raises(NonFiniteLoss, match="non-finite on another rank"):  # a cascade, for the log inspector
+        check_finite({"step": 10, "train_loss": float("inf"), "local_loss": 1.0}, 1, (5, 1.5))
 
 
 def test_cli_help_lists_keys():

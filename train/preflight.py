@@ -87,10 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=16 << 20, help="largest all_reduce of the sweep")
     parser.add_argument("--json", action="store_true", help="rank 0 prints one JSON object")
     parser.add_argument("--log-dir", help="write each rank's output, timestamped, to DIR/preflight_NNNNN.log")
+    parser.add_argument("--timestamps", action="store_true", help="prefix every output line with the time")
     args = parser.parse_args(argv)
     env = from_environ()
     if args.log_dir:
         redirect_to(Path(args.log_dir) / preflight_log_name(env.rank))
+    if args.log_dir or args.timestamps:
         timestamp_lines()
     store, facts = rendezvous(env, args.join_timeout_s)
     ok = facts is not None or env.rank != 0
