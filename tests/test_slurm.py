@@ -398,3 +398,22 @@ def test_preflight_of_a_job_slurm_will_never_start_ends_and_cancels_it(tmp_path)
     )
     assert result.returncode == 1 and "will not start as submitted" in result.stdout, result.stdout + result.stderr
     assert wait_until(lambda: squeue_ids() == before, 60, "the preflight job to be cancelled")
+
+
+def test_your_own_script_gets_the_signal_saves_its_checkpoint_and_resumes_after_the_requeue(tmp_path):
+    """jobs/train_cnn.py handles SIGUSR1 itself (as SLURM's `signal: USR1@...` sends it before
+    the time limit): it saves, rank 0 requeues, and the second attempt resumes from its file."""
+    ckpt = tmp_path / "cnn.pt"
+    args = json.dumps(["--steps", "100000", "--log-every", "10", "--ckpt", str(ckpt), "--ckpt-every", "100000"])
+    result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, "requeue=true", f"program.args={args}", wait=False)
+    assert result.returncode == 0, result.stderr
+    job_id, job_dir = info["job_id"], tmp_path / "cnn" / info["job_id"]
+    try:
+        wait_for_line(job_dir / "rank_00000.log", "step 30/100000", timeout=120)
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        wait_for_line(job_dir / "rank_00000.log", "checkpoint saved, job requeued", timeout=60)
+        wait_state(job_id, ("PENDING",), timeout=60)
+        start_again(job_id)
+        wait_for_line(job_dir / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=120)
+    finally:
+        subprocess.run(["scancel", job_id], check=False)

@@ -102,14 +102,15 @@ def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s
     return {"progress_us": progress_s * 1e6, "rearm_us": arm_s * 1e6, "percent_of_step": 100 * per_step / step_s}
 
 
-def launch(nprocs: int, args: list[str], run_dir: Path) -> list[list[dict]]:
-    """Train in ``nprocs`` fresh processes (under torchrun when more than one); every rank's
-    step records."""
+def launch(nprocs: int, args: list[str], run_dir: Path, threads: int | None = None) -> list[list[dict]]:
+    """Train in ``nprocs`` fresh processes (under torchrun when more than one), each with
+    ``threads`` intra-op threads when given; every rank's step records."""
     cmd = [sys.executable]
     if nprocs > 1:
         cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={free_port()}"]
     cmd += ["-m", "train", *args, f"train.run_dir={run_dir}"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"{' '.join(args)} x{nprocs} failed:\n{done.stderr[-3000:]}")
     return step_records(run_dir, nprocs)

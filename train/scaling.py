@@ -53,6 +53,11 @@ def save(result: dict, run_dir: str | Path) -> Path:
     return path
 
 
+# Intra-op threads per rank, in the runs and in the kernel timings alike. With two threads on
+# two cores, anything else running (another job, `yes > /dev/null`) stalls every parallel
+# region on the thread it descheduled: a 2k-parameter model's matmuls then timed 16 ms instead
+# of 0.1 ms. One thread per rank keeps the model's inputs steady; 2 ranks then use 2 cores.
+THREADS = 1
 # Steps a point's step time is measured over, at least: one epoch of the smaller grids is
 # 8 to 32 steps, whose median interval moved by 30 % from run to run. Time to train is still
 # the epochs' steps x the measured step time.
@@ -81,13 +86,15 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
 
     args, steps = point_args(hidden, train_size, batch, epochs, nprocs)
     cfg = load(Config, None, args)
+    before = kernel_seconds(cfg.model, batch // nprocs)
     with tempfile.TemporaryDirectory() as tmp:
-        records = launch(nprocs, args, Path(tmp))[0]
+        records = launch(nprocs, args, Path(tmp), threads=THREADS)[0]
     # The median of the log intervals after the first (warm-up): a burst of load from
     # elsewhere on the machine moves one interval, not the point.
     step_s = statistics.median(r["step_ms"] for r in records[1:] or records) / 1e3
-    # Right after the run, so that the machine's state (and any load on it) is the same.
-    kernels = kernel_seconds(cfg.model, batch // nprocs)
+    # Around the run, so that the machine's state (and any load on it) is the same; the
+    # faster of the two, since other work on the machine only ever adds time.
+    kernels = min(before, kernel_seconds(cfg.model, batch // nprocs))
     return {
         "model": {"dim_hidden": hidden, "n_layers": cfg.model.n_layers, "dim_in": cfg.model.dim_in},
         "data": {"train_size": train_size},
@@ -103,7 +110,7 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
     }
 
 
-def seconds_per_call(op, target_s: float = 2e-3, samples: int = 5) -> float:
+def seconds_per_call(op, target_s: float = 2e-3, samples: int = 9) -> float:
     """The fastest of ``samples`` timings of a loop long enough to time (``target_s``):
     interruptions only ever add time, so the minimum is the kernel's own."""
     import time
@@ -133,6 +140,7 @@ def warm_up() -> None:
     first use (milliseconds), which would be charged to the first configuration timed."""
     import torch
 
+    torch.set_num_threads(THREADS)
     a = torch.randn(256, 1024)
     seconds_per_call(lambda: a @ a.T, target_s=0.2, samples=1)
 
@@ -144,6 +152,7 @@ def kernel_seconds(model: ModelConfig, batch: int) -> float:
 
     import torch
 
+    torch.set_num_threads(THREADS)
     warm_up()
     total = 0.0
     for fan_in, fan_out in layer_dims(model):
@@ -326,8 +335,8 @@ def markdown(r: dict, png: str | None) -> list[str]:
         f"`python -m train.bench scaling` (written by `make bench`): every point a real run of {grid['epochs']} epoch(s) "
         f"in fresh processes (`python -m train`, torchrun for 2 ranks: `single` vs `ddp`); time to train = steps x the "
         f"steady-state step time (start-up and evaluation excluded). Batch {b0} unless stated. "
-        f"{r['machine']['cores']} CPU cores, gloo over loopback: one rank already uses every core through intra-op "
-        "threads, so extra ranks here add communication without adding compute.",
+        f"{r['machine']['cores']} CPU cores, gloo over loopback, one intra-op thread per rank (`OMP_NUM_THREADS=1`, "
+        "so that timings hold with other work on the machine): 2 ranks use 2 cores.",
         "",
         "### Model size (1 rank)",
         "",
