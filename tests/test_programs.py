@@ -94,6 +94,13 @@ def test_function_programs_get_their_kwargs_as_json():
     assert "--function=jobs.train_cnn:main" in step.command and '--kwargs={"lr":0.1}' in step.command
 
 
+def test_plan_shows_what_each_rank_or_agent_runs():
+    per_task = run_module("cluster", "plan", "jobs/cnn.yaml")
+    assert "train: each rank runs: " in per_task.stdout and "-P -m train.shim" in per_task.stdout
+    torchrun = json.loads(run_module("cluster", "plan", "jobs/cnn.yaml", "program.launcher=torchrun", "--json").stdout)
+    assert "torch.distributed.run" in torchrun["steps"][0]["command"] and torchrun["steps"][0]["tasks_per_node"] == 1
+
+
 def test_dry_run_shows_the_exact_local_command(tmp_path):
     result = run_module("cluster", "submit", "jobs/local.yaml", CNN, "--dry-run", f"log_dir={tmp_path}")
     assert result.returncode == 0 and "what the local launcher would run" in result.stdout
