@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -88,11 +89,9 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
     before = kernel_seconds(cfg.model, batch // nprocs)
     with tempfile.TemporaryDirectory() as tmp:
         records = launch(nprocs, args, Path(tmp), threads=THREADS)[0]
-    # The fastest of the log intervals after the first (warm-up), as for the kernels: other
-    # work on the machine only ever adds time, and with `yes > /dev/null` beside the suite a
-    # burst slowed half of one run 2x (8.3 ms/step against 4.3 for the same configuration),
-    # which the median of the intervals kept.
-    step_s = min(r["step_ms"] for r in records[1:] or records) / 1e3
+    # The median of the log intervals after the first (warm-up): a burst of load from
+    # elsewhere on the machine moves one interval, not the point.
+    step_s = statistics.median(r["step_ms"] for r in records[1:] or records) / 1e3
     # Around the run, so that the machine's state (and any load on it) is the same; the
     # faster of the two, since other work on the machine only ever adds time.
     kernels = min(before, kernel_seconds(cfg.model, batch // nprocs))
