@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from cluster import paths
+from cluster import paths, processes
 from cluster.plan import Plan
 from cluster.poll import WaitTimeout, wait_until
 from cluster.request import Request, substitute
@@ -77,8 +77,8 @@ def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_
 
 
 class Controller:
-    def __init__(self, job_dir: Path, launch: dict):
-        self.job_dir, self.launch = job_dir, launch
+    def __init__(self, launch: dict):
+        self.launch = launch
         self.deadline = time.monotonic() + launch["time_limit_s"]
         self.stopping: str | None = None  # why the job is being ended early
         self.procs: list[subprocess.Popen] = []
@@ -138,13 +138,7 @@ class Controller:
         live = [p for p in self.procs if p.poll() is None]
         for p in live:
             p.send_signal(signal.SIGTERM)
-        try:
-            wait_until(lambda: all(p.poll() is not None for p in live), KILL_WAIT_S, "the tasks to end", 0.1)
-        except WaitTimeout:
-            for p in live:
-                if p.poll() is None:
-                    self.say(f"pid {p.pid} outlived SIGTERM by {KILL_WAIT_S:g} s: SIGKILL")
-                    p.kill()
+        processes.kill_after([p.pid for p in live], KILL_WAIT_S, self.say)
 
     def run(self) -> int:
         for step in self.launch["steps"]:
@@ -162,7 +156,7 @@ def main(argv: list[str]) -> int:
     fd = os.open(job_dir / paths.CONTROLLER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    controller = Controller(job_dir, json.loads((job_dir / paths.LAUNCH).read_text()))
+    controller = Controller(json.loads((job_dir / paths.LAUNCH).read_text()))
     code = controller.run()
     controller.say(f"job ended: exit {code}")
     return code
