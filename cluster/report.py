@@ -61,6 +61,15 @@ def strategies_table(rounds: int, steps: int, grid: dict[int, list[str]]) -> lis
     return rows
 
 
+def averaging_table(rounds: int, quick: bool) -> dict:
+    """param_avg at each averaging interval against one rank and ddp, 2 ranks, default training
+    (momentum 0, 1000 steps: far enough for the test accuracy to mean something). Run after the
+    scaling study, whose saved fit gives the cost model's break-even interval."""
+    say("parameter averaging / local SGD vs ddp and one rank (2 ranks)")
+    labels, steps = ("single,param_avg@k4", "20") if quick else ("single,ddp,param_avg", "1000")
+    return bench_json("--strategies", labels, "--nprocs", "2", "--rounds", str(rounds), "--steps", steps)
+
+
 def collectives(max_bytes: str) -> list[dict]:
     say("collectives bandwidth sweep (2 ranks)")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29561", "-m",
@@ -325,12 +334,43 @@ def render_markdown(r: dict) -> str:
     else:
         why = sc["error"] if sc else "not run by --quick; `python -m train.bench scaling --quick` is its smoke form"
         lines += ["## Scaling study", "", f"Not in this report: {why}.", ""]
+    lines += averaging_markdown(r.get("averaging"))
     lines += [
         "",
         "Reproduce: `make bench` (about 25 minutes on 2 cores; `make minicluster` first for the SLURM row).",
         "",
     ]
     return "\n".join(lines)
+
+
+def averaging_markdown(a: dict | None) -> list[str]:
+    lines = ["", "## Parameter averaging and local SGD (2 ranks, CPU, gloo)", ""]
+    if not a or "error" in a:
+        return lines + [f"Not in this report: {a['error'] if a else 'not run'}.", ""]
+    by = {x["strategy"]: x for x in a["runs"]}
+    one, ddp = by.get("single"), by.get("ddp")
+    lines += [f"`python -m train.bench --strategies {','.join(by)} --nprocs 2 --steps {a['steps']}`: every contender "
+              f"trains the same {a['steps']} steps of the same global batch, so the test accuracy is after the same "
+              "samples.", "",
+              "| contender | ranks | samples/s | vs one rank | vs ddp | test acc | test loss |",
+              "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for x in a["runs"]:
+        vs_one = f"{x['vs_first'] / one['vs_first']:.2f}" if one else "-"
+        vs_ddp = f"{x['vs_first'] / ddp['vs_first']:.2f}" if ddp else "-"
+        acc, loss = (f"{x[k]:.4f}" if x.get(k) is not None else "-" for k in ("test_acc", "test_loss"))
+        lines.append(
+            f"| {x['strategy']} | {x['nprocs']} | {x['samples_per_s']:,.0f} | {vs_one} | {vs_ddp} | {acc} | {loss} |"
+        )
+    if a.get("averaging"):
+        from train.bench import format_averaging
+
+        lines += ["", "```", format_averaging(a["averaging"]).strip(), "```"]
+    else:
+        lines += [
+            "",
+            "No break-even prediction: the scaling study's fit was not there (it runs first in `make bench`).",
+        ]
+    return lines + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -356,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": gpu_mfu(rounds),
         "scaling": None if args.quick else guarded(scaling_study),
     }
+    result["averaging"] = guarded(averaging_table, rounds, args.quick)
     out = Path(args.out)
     plots(result["strategies"], result["collectives"], out.parent)
     if result["scaling"] and "error" not in result["scaling"]:

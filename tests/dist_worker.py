@@ -1,11 +1,12 @@
 """Runs on every rank under torchrun for the equivalence tests.
 
-``python -m tests.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] key=value ...``:
+``python -m tests.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--float64] key=value ...``:
 trains with the kit's own setup and loop, then saves this rank's full parameters to
 ``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``).
 """
 
 import copy
+import hashlib
 import sys
 from pathlib import Path
 
@@ -40,11 +41,27 @@ def probe_grads(cfg, env, trainable, ctx) -> dict:
     return {"local": local, "mean": mean, "synced": synced, "local_loss": local_loss.item()}
 
 
+def probe_replicas(trainable, probe: dict) -> None:
+    """After every step (and its averaging, if any): a hash of this rank's parameters' bytes,
+    so that the test can tell bitwise-equal replicas from drifting ones step by step."""
+    hashes = probe.setdefault("replica_hashes", [])
+    after_step = trainable.after_step
+
+    def hashed(step: int) -> None:
+        after_step(step)
+        flat = torch.cat([p.detach().reshape(-1) for p in trainable.state_modules[0].parameters()])
+        hashes.append((step, hashlib.sha256(flat.numpy().tobytes()).hexdigest()))
+
+    trainable.after_step = hashed
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     flags = [a for a in sys.argv[2:] if a.startswith("--")]
     cfg = load(Config, None, [a for a in sys.argv[2:] if not a.startswith("--")])
     env = from_environ()
+    if "--float64" in flags:  # model and data: rounding 1e-16, far below any mathematical difference
+        torch.set_default_dtype(torch.float64)
     if env.distributed:
         init_process_group(env, cfg.train.timeout_s)
     try:
@@ -52,7 +69,14 @@ def main() -> None:
         probe = {}
         if "--probe-grads" in flags:
             probe.update(probe_grads(cfg, env, trainable, ctx))
+        if "--probe-replicas" in flags:
+            probe_replicas(trainable, probe)
         train(cfg, env, trainable, ctx, quiet=True)
+        if "--probe-replicas" in flags:
+            from train.parallel.param_avg import optimizer_state_tensors
+
+            state = optimizer_state_tensors(trainable.optimizer)  # none for plain SGD
+            probe["optimizer_state"] = torch.cat([t.reshape(-1) for t in state] or [torch.zeros(0)])
         if "--probe-divergence" in flags:
             if env.rank == env.world_size - 1:
                 with torch.no_grad():

@@ -52,6 +52,8 @@ def test_override_sets_typed_value(override, check):
         ("optim.momentum=.inf", "optim.momentum", "finite"),
         ("train.timeout_s=-inf", "train.timeout_s", "finite"),
         ("data.separation=1e400", "data.separation", "finite"),
+        ("parallel.average_every=0", "parallel.average_every", ">= 1"),
+        ("optim.name=adamw", "optim.name", "did you mean 'adam'"),
     ],
 )
 def test_bad_override_names_the_key(override, key, words):
@@ -115,3 +117,9 @@ def test_build_rejects_non_mapping():
 def test_describe_lists_every_leaf():
     keys = [k for k, _, _ in describe(Config)]
     assert "optim.lr" in keys and "parallel.strategy" in keys and "model" not in keys
+
+
+def test_adam_refuses_a_momentum_it_would_ignore():
+    with pytest.raises(ConfigError) as err:
+        load(Config, None, ["optim.name=adam", "optim.momentum=0.9"])
+    assert err.value.key == "optim.momentum" and "adam" in str(err.value)

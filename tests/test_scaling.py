@@ -101,3 +101,36 @@ def test_quick_study_prints_points_and_a_fit_that_predicts_held_out_points(tmp_p
     assert "extrapolation" in predicted.stdout and "rests on 10 measured" in predicted.stdout
     bad = run_module("train.bench", "scaling", "--predict", "model.dim_hiden=2", f"--run-dir={tmp_path}")
     assert bad.returncode == 2 and "model.dim_hiden" in bad.stderr
+    # The saved fit predicts the averaging interval from which param_avg on 2 ranks beats one
+    # rank; the benchmark runs a row per interval and checks the prediction against them.
+    bench = run_module("train.bench", "--strategies=single,ddp,param_avg", "--nprocs=2", "--rounds=1",
+                       "--steps=200", f"--fit={tmp_path / scaling.FIT_FILE}", "--json", timeout=600)  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    report = json.loads(bench.stdout)
+    rows = {r["strategy"]: r for r in report["runs"]}
+    assert {"param_avg@k1", "param_avg@k4", "param_avg@k16"} <= rows.keys()
+    assert all(0 < r["test_acc"] <= 1 for r in rows.values())
+    # Communication 16 times rarer than ddp's every step (measured here: 2.8x ddp's samples/s).
+    assert rows["param_avg@k16"]["samples_per_s"] > rows["ddp"]["samples_per_s"]
+    averaging = report["averaging"]
+    assert averaging["break_even_k"] > 0 and [x["average_every"] for x in averaging["rows"]] == [1, 4, 16]
+
+
+def test_averaging_break_even_is_the_allreduce_over_the_compute_the_smaller_batch_saves():
+    from train.config import ModelConfig
+
+    model = ModelConfig(dim_hidden=256)
+    fit = {"t0_ms": 0.5, "k": 1.2}
+    out = scaling.averaging_break_even(fit, model, 64, 2, allreduce_ms=6.0)
+    assert out["one_rank_ms"] > out["ranks_compute_ms"] > 0.5
+    assert math.isclose(out["break_even_k"], 6.0 / (out["one_rank_ms"] - out["ranks_compute_ms"]))
+    # A model that is all fixed cost (k = 0): more ranks never pay, whatever K.
+    assert scaling.averaging_break_even({"t0_ms": 1.0, "k": 0.0}, model, 64, 2, 6.0)["break_even_k"] == math.inf
+
+
+def test_bench_labels_set_the_averaging_interval():
+    from train.bench import AVERAGE_EVERY, expand, parse_label
+
+    assert parse_label("param_avg@k4") == ("param_avg", ["parallel.average_every=4"])
+    assert expand(["ddp", "param_avg", "param_avg@k8"]) == [
+        "ddp", *(f"param_avg@k{k}" for k in AVERAGE_EVERY), "param_avg@k8"]  # fmt: skip

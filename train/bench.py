@@ -31,9 +31,10 @@ from train.data import ShardedSampler, make_dataset
 from train.dist_env import DistEnv, free_port
 from train.hangs import StallWatchdog
 from train.loop import run
-from train.model import build_mlp
+from train.model import build_mlp, parameter_count
 from train.parallel.mesh import SINGLE_PROCESS
 from train.protocol import read_records, record_name
+from train.scaling import FIT_FILE, RUN_DIR
 
 
 def minimal_loop(cfg: Config, steps: int) -> float:
@@ -73,13 +74,27 @@ def step_records(run_dir: Path, nprocs: int) -> list[list[dict]]:
     return [[r for r in read_records(run_dir / record_name(rank)) if r["event"] == "step"] for rank in range(nprocs)]
 
 
+# The averaging intervals a plain "param_avg" contender stands for: every step (equal to ddp's
+# mathematics), and 4 and 16 times less communication (local SGD).
+AVERAGE_EVERY = (1, 4, 16)
+FIT_PATH = Path(RUN_DIR) / FIT_FILE
+
+
 def parse_label(label: str) -> tuple[str, list[str]]:
     """A contender with its own settings: "fsdp@tp2" -> ("fsdp", ["parallel.tp=2"]);
+    "param_avg@k4" -> ("param_avg", ["parallel.average_every=4"]);
     "single@nostall" -> ("single", ["train.stall_timeout_s=0"]), the loop without its watchdog."""
     name, _, suffix = label.partition("@")
     if suffix.startswith("tp"):
         return name, [f"parallel.tp={suffix[2:]}"]
+    if suffix.startswith("k"):
+        return name, [f"parallel.average_every={suffix[1:]}"]
     return name, ["train.stall_timeout_s=0"] if suffix == "nostall" else []
+
+
+def expand(labels: list[str]) -> list[str]:
+    """A plain "param_avg" is one contender per averaging interval of AVERAGE_EVERY."""
+    return [x for s in labels for x in ([f"{s}@k{k}" for k in AVERAGE_EVERY] if s == "param_avg" else [s])]
 
 
 def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s, calls: int = 200_000) -> dict:
@@ -102,18 +117,57 @@ def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s
     return {"progress_us": progress_s * 1e6, "rearm_us": arm_s * 1e6, "percent_of_step": 100 * per_step / step_s}
 
 
-def launch(nprocs: int, args: list[str], run_dir: Path, threads: int | None = None) -> list[list[dict]]:
-    """Train in ``nprocs`` fresh processes (under torchrun when more than one), each with
-    ``threads`` intra-op threads when given; every rank's step records."""
+def run_ranks(nprocs: int, module_args: list[str], threads: int | None = None) -> str:
+    """``python -m <module_args>`` in ``nprocs`` fresh processes (under torchrun when more than
+    one), each with ``threads`` intra-op threads when given; their standard output."""
     cmd = [sys.executable]
     if nprocs > 1:
         cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={free_port()}"]
-    cmd += ["-m", "train", *args, f"train.run_dir={run_dir}"]
+    cmd += ["-m", *module_args]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
-        raise RuntimeError(f"{' '.join(args)} x{nprocs} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(module_args)} x{nprocs} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def launch(nprocs: int, args: list[str], run_dir: Path, threads: int | None = None) -> list[list[dict]]:
+    """Train in ``nprocs`` fresh processes; every rank's step records."""
+    run_ranks(nprocs, ["train", *args, f"train.run_dir={run_dir}"], threads)
     return step_records(run_dir, nprocs)
+
+
+def allreduce_ms(nbytes: int, nprocs: int) -> float:
+    """One all_reduce of ``nbytes`` on ``nprocs`` fresh ranks, timed by train.collectives."""
+    out = run_ranks(nprocs, ["train.collectives", "--json", f"--min-bytes={nbytes}", f"--max-bytes={nbytes}"])
+    return json.loads(out)["sweep"][0]["time_us"] / 1e3
+
+
+def averaging_check(result: dict, fit: dict, overrides: list[str], nprocs: int) -> dict | None:
+    """The cost model's break-even averaging interval for param_avg against one rank
+    (train.scaling.averaging_break_even), checked against the measured rows: for each K tried,
+    did the ranks beat one rank where the model said they would? None without a ``single``
+    contender and a param_avg one."""
+    from train.scaling import averaging_break_even
+
+    one = next((r for r in result["runs"] if r["strategy"] == "single"), None)
+    averaged = [r for r in result["runs"] if parse_label(r["strategy"])[0] == "param_avg"]
+    if one is None or not averaged or nprocs < 2:
+        return None
+    cfg = load(Config, None, overrides)
+    c = allreduce_ms(parameter_count(cfg.model) * 4, nprocs)
+    out = averaging_break_even(fit, cfg.model, cfg.train.batch_size, nprocs, c)
+    out["rows"] = []
+    for r in averaged:
+        k = load(Config, None, [*overrides, *r["settings"]]).parallel.average_every
+        speedup = r["vs_first"] / one["vs_first"]
+        out["rows"].append({
+            "strategy": r["strategy"], "average_every": k,
+            "predicted_step_ms": out["ranks_compute_ms"] + c / k, "measured_step_ms": r["step_ms"],
+            "predicted_wins": k > out["break_even_k"], "speedup_vs_one_rank": speedup, "measured_wins": speedup > 1,
+        })  # fmt: skip
+    out["agrees"] = all(x["predicted_wins"] == x["measured_wins"] for x in out["rows"])
+    return out
 
 
 def measure(label: str, nprocs: int, steps: int, overrides: list[str]) -> dict:
@@ -126,11 +180,13 @@ def measure(label: str, nprocs: int, steps: int, overrides: list[str]) -> dict:
             return {"step_ms": step_s * 1e3, "samples_per_s": cfg.train.batch_size / step_s}
         if nprocs == 1:
             record = run(load(Config, None, args), DistEnv(), quiet=True)
-            return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes")}
+            return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes", "test_loss", "test_acc")}
         records = [steps[-1] for steps in launch(nprocs, args, Path(tmp))]
         return {
             "step_ms": records[0]["step_ms"],
             "samples_per_s": records[0]["samples_per_s"],
+            "test_loss": records[0]["test_loss"],
+            "test_acc": records[0]["test_acc"],
             "state_bytes_per_rank": [r["state_bytes"]["total"] for r in records],
             "state_bytes": records[0]["state_bytes"],
         }
@@ -153,6 +209,7 @@ def benchmark(
         median = statistics.median(ratios)
         entry = {
             "strategy": s,
+            "settings": parse_label(s)[1] if s != "minimal" else [],
             "nprocs": ranks[s],
             "samples_per_s": statistics.median(x["samples_per_s"] for x in results),
             "step_ms": statistics.median(x["step_ms"] for x in results),
@@ -160,6 +217,11 @@ def benchmark(
             "vs_first": median,  # the median of the per-round ratios to the first contender
             "vs_first_spread": spread(ratios),
         }
+        # After the same number of samples (every contender runs the same steps of the same
+        # global batch): what a faster contender pays in accuracy, if anything.
+        if results[-1].get("test_acc") is not None:
+            entry["test_acc"] = statistics.median(x["test_acc"] for x in results)
+            entry["test_loss"] = statistics.median(x["test_loss"] for x in results)
         for key in ("state_bytes", "state_bytes_per_rank"):
             if key in results[-1]:
                 entry[key] = results[-1][key]
@@ -186,6 +248,22 @@ def machine() -> dict:
     }
 
 
+def format_averaging(a: dict) -> str:
+    lines = [
+        f"\ncost model (train.scaling): one rank {a['one_rank_ms']:.3f} ms/step; each of the ranks "
+        f"{a['ranks_compute_ms']:.3f} ms + one all_reduce of the parameters ({a['allreduce_ms']:.3f} ms) every K "
+        f"steps: the ranks beat one rank from K > {a['break_even_k']:.1f}"
+    ]
+    for x in a["rows"]:
+        lines.append(
+            f"  {x['strategy']:<14} predicted {x['predicted_step_ms']:7.3f} ms/step ({'wins' if x['predicted_wins'] else 'loses'}), "
+            f"measured {x['measured_step_ms']:7.3f} ms/step, {x['speedup_vs_one_rank']:.2f}x one rank "
+            f"({'wins' if x['measured_wins'] else 'loses'})"
+        )
+    lines.append("prediction " + ("held for every K tried" if a["agrees"] else "did NOT hold for every K tried"))
+    return "\n".join(lines)
+
+
 def ratio(result: dict, a: str, b: str) -> float:
     """a's samples/s over b's, from the per-round ratios to the first contender."""
     by = {r["strategy"]: r["vs_first"] for r in result["runs"]}
@@ -207,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         "--strategies",
         default="single,single@nostall,minimal",
         help="comma-separated; minimal = the hand-written loop; name@tpN sets parallel.tp=N (e.g. fsdp@tp2); "
-        "name@nostall turns the stall watchdog off",
+        "param_avg@kN sets parallel.average_every=N, and a plain param_avg tries "
+        f"{', '.join(map(str, AVERAGE_EVERY))}; name@nostall turns the stall watchdog off",
     )
     parser.add_argument("--nprocs", type=int, default=1, help="ranks per multi-process strategy (torchrun)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds; the median ratio is reported")
@@ -220,10 +299,16 @@ def main(argv: list[str] | None = None) -> int:
         "thread per core, anything else on the machine stalls every parallel region (measured here: "
         "single/minimal read 0.905 to 1.053 over 3 runs with 2 threads, 0.954 to 1.003 with 1)",
     )
+    parser.add_argument(
+        "--fit",
+        default=str(FIT_PATH),
+        help="the scaling study's saved fit, for the cost model's break-even averaging interval of param_avg "
+        "(with single and param_avg among the strategies); python -m train.bench scaling --quick writes it",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides")
     args = parser.parse_args(argv)
-    strategies = [s for s in args.strategies.split(",") if s]
+    strategies = expand([s for s in args.strategies.split(",") if s])
     try:
         load(Config, None, args.overrides)
         for s in strategies:
@@ -239,16 +324,27 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
     result = benchmark(strategies, args.nprocs, args.rounds, args.steps, args.overrides, progress=log)
     result["watchdog"] = watchdog_cost(result["runs"][0]["step_ms"])
+    if Path(args.fit).is_file():
+        result["averaging"] = averaging_check(
+            result, json.loads(Path(args.fit).read_text())["fit"], args.overrides, args.nprocs
+        )
+    elif any(s.startswith("param_avg") for s in strategies):
+        log(f"no break-even prediction for param_avg: no fit at {args.fit} (python -m train.bench scaling --quick)")
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"\n{'strategy':<14} {'nprocs':>6} {'samples/s':>12} {'ms/step':>9} {'vs first (spread)':>19}")
+    print(
+        f"\n{'strategy':<14} {'nprocs':>6} {'samples/s':>12} {'ms/step':>9} {'vs first (spread)':>19} {'test acc':>9}"
+    )
     for r in result["runs"]:
+        acc = f"{r['test_acc']:.4f}" if "test_acc" in r else "-"
         print(
             f"{r['strategy']:<14} {r['nprocs']:>6} {r['samples_per_s']:>12,.0f} {r['step_ms']:>9.3f} "
-            f"{r['vs_first']:>9.3f} (+-{r['vs_first_spread']:.1%})"
+            f"{r['vs_first']:>9.3f} (+-{r['vs_first_spread']:.1%}) {acc:>9}"
         )
     print(f"(median of {args.rounds} rounds of {args.steps} steps; spread: half the interquartile range of the rounds)")
+    if result.get("averaging"):
+        print(format_averaging(result["averaging"]))
     w = result["watchdog"]
     print(
         f"\nstall watchdog: {w['progress_us']:.3f} us per step + {w['rearm_us']:.1f} us per re-arming "

@@ -2,8 +2,10 @@
 
 Every rank takes part. torch.distributed.checkpoint (DCP) writes the model and optimizer:
 sharded strategies (FSDP, TP, pipeline stages) each write their own shards, replicated
-ones are deduplicated. Each rank adds its own RNG states, grad scaler and step, and under
-ZeRO-1 its shard of the optimizer state (so that run resumes on the same number of ranks).
+ones are deduplicated. Each rank adds its own RNG states, grad scaler and step, and where
+the optimizer state is its own (ZeRO-1's shard, param_avg's local optimizer) that state, and
+where replicas may differ (param_avg between averagings) its own parameters: such runs resume
+on the same number of ranks.
 A save goes to ``step_N.tmp/``, is renamed to ``step_N/`` once every rank has finished, and
 only then is ``latest`` replaced (temporary file + rename): a process killed at any point
 leaves the previous checkpoint in place and ``latest`` pointing at it. The data position is
@@ -65,6 +67,7 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler) -> Path:
         "step": step,
         "world_size": _world_size(),
         "optimizer_shard": shard.state_dict() if shard is not None else None,
+        "parameters": _model(trainable).state_dict() if trainable.local_parameters else None,
         "rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
@@ -119,7 +122,7 @@ def load(path: Path, trainable: Trainable, scaler) -> int:
     shard = trainable.optimizer_shard
     if shard is not None and extra.get("world_size") != _world_size():
         raise RuntimeError(
-            f"{path} holds ZeRO-1 optimizer shards of {extra.get('world_size')} ranks; this run has "
+            f"{path} holds per-rank optimizer state of {extra.get('world_size')} ranks; this run has "
             f"{_world_size()}: resume on the same number of ranks, or move the checkpoint away to start over"
         )
     state = _state_dicts(trainable)
@@ -135,6 +138,8 @@ def load(path: Path, trainable: Trainable, scaler) -> int:
             optim_state_dict=state["optim"],
             options=_options(),
         )
+    if trainable.local_parameters:  # this rank's replica, not the one copy DCP kept
+        _model(trainable).load_state_dict(extra["parameters"])
     torch.set_rng_state(extra["rng"])
     if extra["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(extra["cuda_rng"])

@@ -73,12 +73,18 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    # sgd: torch.optim.SGD (lr, momentum, weight_decay); adam: torch.optim.Adam (lr,
+    # weight_decay; its moments take the place of momentum). Adam's update is not linear in the
+    # gradients, which is what parallel.strategy=param_avg needs to differ from ddp at K = 1.
+    name: Literal["sgd", "adam"] = "sgd"
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "lr", "momentum", "weight_decay", minimum=0)
+        if self.name == "adam" and self.momentum:
+            raise ConfigError(f"{prefix}.momentum", "adam keeps its own moments: leave momentum at 0 with adam")
 
 
 @dataclass
@@ -139,7 +145,9 @@ def check_batch_split(batch_size: int, dp: int, accum: int) -> None:
 
 # The names of train.parallel.STRATEGIES (a unit test keeps the two equal): the schema
 # must know them so that the job spec can be validated without importing torch code.
-Strategy = Literal["single", "ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "tp", "model_parallel", "pipeline"]
+Strategy = Literal[
+    "single", "ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "tp", "model_parallel", "pipeline", "param_avg"
+]
 
 
 @dataclass
@@ -154,9 +162,13 @@ class ParallelConfig:
     schedule: Literal["gpipe", "1f1b"] = "gpipe"
     stages: int = 2
     reshard_after_forward: bool = True
+    # param_avg: average the parameters every this many optimizer steps (local SGD when > 1),
+    # and whether the optimizer's state (momentum, Adam's moments) is averaged with them.
+    average_every: int = 1
+    average_optimizer_state: bool = False
 
     def validate(self, prefix: str) -> None:
-        require_positive(self, prefix, "tp", "pp", "microbatches", "stages")
+        require_positive(self, prefix, "tp", "pp", "microbatches", "stages", "average_every")
         require_positive(self, prefix, "bucket_mb", minimum=0.001)
 
 

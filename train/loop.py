@@ -193,6 +193,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 scaler.update()
             else:
                 optimizer.step()
+            trainable.after_step(step)
             if memory is None:  # gradients and optimizer state all exist now
                 memory = state_bytes(trainable)
             optimizer.zero_grad(set_to_none=True)
@@ -205,7 +206,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 continue
             record = {"step": step, **progress.flush(env.distributed), "test_loss": None, "test_acc": None}
             if step % t.eval_every == 0 or last:
-                if t.check_sync:
+                if t.check_sync and trainable.synced(step):
                     check_replicas(trainable, step)
                 result = trainable.evaluate(x_test, y_test)
                 if result is not None:

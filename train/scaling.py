@@ -38,6 +38,7 @@ FULL = {"dim_hidden": [2, 64, 256, 512, 1024, 2048], "train_size": [4096, 16384]
 QUICK = {"dim_hidden": [2, 256, 512, 1024], "train_size": [2048, 8192], "batch": [64, 256],
          "dp_train_size": [8192], "epochs": 1}  # fmt: skip
 FIT_FILE = "scaling.json"
+RUN_DIR = "runs/scaling"  # where the study saves its fit unless told (--run-dir)
 
 
 def steps_for(epochs: int, train_size: int, batch: int) -> int:
@@ -199,6 +200,27 @@ def fit_cost(points: list[dict]) -> dict:
 
 def step_seconds(fit: dict, kernel_ms: float) -> float:
     return (fit["t0_ms"] + fit["k"] * kernel_ms) / 1e3
+
+
+def averaging_break_even(fit: dict, model: ModelConfig, batch: int, nprocs: int, allreduce_ms: float) -> dict:
+    """parallel.strategy=param_avg on ``nprocs`` ranks against one rank, by the cost model plus
+    one term for the averaging:
+
+        one rank:                          t0 + k * kernels(batch)
+        nprocs ranks, averaging every K:   t0 + k * kernels(batch / nprocs) + c / K
+
+    where c is one all_reduce of the parameters on ``nprocs`` ranks (measured by the caller). The
+    ranks win from K > c / (k * (kernels(batch) - kernels(batch / nprocs))), the break-even K;
+    never if the smaller batch saves nothing (a model all fixed cost)."""
+    one = step_seconds(fit, kernel_seconds(model, batch) * 1e3) * 1e3
+    compute = step_seconds(fit, kernel_seconds(model, batch // nprocs) * 1e3) * 1e3
+    saved = one - compute
+    return {
+        "one_rank_ms": one,
+        "ranks_compute_ms": compute,
+        "allreduce_ms": allreduce_ms,
+        "break_even_k": allreduce_ms / saved if saved > 0 else math.inf,
+    }
 
 
 def held_out(single: list[dict]) -> list[dict]:
@@ -420,7 +442,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="the small grid (< 2 min on 2 cores; CI)")
     parser.add_argument("--ranks", default="1,2", help="rank counts, comma-separated (e.g. 1,2,4)")
     parser.add_argument("--json", action="store_true", help="print one JSON object: points, fit, ...")
-    parser.add_argument("--run-dir", default="runs/scaling", help=f"where {FIT_FILE} (points and fit) is saved")
+    parser.add_argument("--run-dir", default=RUN_DIR, help=f"where {FIT_FILE} (points and fit) is saved")
     parser.add_argument("--plot", help="write the log-log plot of time to train vs parameters to this PNG")
     parser.add_argument("--predict", action="store_true", help="predict key=value's time to train from the saved fit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="with --predict: the configuration")

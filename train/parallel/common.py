@@ -28,12 +28,16 @@ class Context:
     dims: ParallelDims
     mesh: object | None  # torch DeviceMesh with named dims, None for one process
 
-    def optimizer_kwargs(self) -> dict:
+    def optimizer_class(self) -> tuple[type[torch.optim.Optimizer], dict]:
+        """optim.name's class and its keyword arguments (ZeRO-1 builds it itself)."""
         o = self.cfg.optim
-        return {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay}
+        if o.name == "adam":
+            return torch.optim.Adam, {"lr": o.lr, "weight_decay": o.weight_decay}
+        return torch.optim.SGD, {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay}
 
     def optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, **self.optimizer_kwargs())
+        cls, kwargs = self.optimizer_class()
+        return cls(params, **kwargs)
 
     @property
     def is_first_rank(self) -> bool:
@@ -65,6 +69,10 @@ class Trainable:
     no_sync: Callable[[], ContextManager] = nullcontext
     # Completes gradient synchronisation after the last backward (hand-written DDP).
     finish_grads: Callable[[], None] = lambda: None
+    # Runs after each optimizer step, with the step's number (param_avg averages replicas here).
+    after_step: Callable[[int], None] = lambda step: None
+    # Whether replicas hold equal parameters after this step (param_avg: only where it averaged).
+    synced: Callable[[int], bool] = lambda step: True
     # Replaces the loop's forward+backward (pipeline schedules); returns the detached loss or None.
     forward_backward: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor | None] | None = None
     # Whether this rank prints the human-readable progress lines (one rank per job).
@@ -73,10 +81,13 @@ class Trainable:
     autocast: bool = True
     # Modules whose parameters count as this rank's state (memory report, checksums).
     state_modules: list[nn.Module] = field(default_factory=list)
-    # ZeRO-1: the optimizer over this rank's partition of the parameters. Checkpoints save it
-    # per rank: DCP cannot see inside ZeroRedundancyOptimizer, whose own state_dict would
-    # first gather every rank's state on one rank.
+    # An optimizer whose state is this rank's own, saved per rank by checkpoints: ZeRO-1's
+    # partition (DCP cannot see inside ZeroRedundancyOptimizer, whose own state_dict would first
+    # gather every rank's state on one rank), param_avg's local optimizer (replicas' states differ).
     optimizer_shard: torch.optim.Optimizer | None = None
+    # Whether replicas' parameters may differ at a checkpoint (param_avg between averagings):
+    # checkpoints then save every rank's own copy too (DCP keeps one copy of replicated tensors).
+    local_parameters: bool = False
 
 
 def forward_eval(module: nn.Module, chunk: int = 1024) -> Callable[[torch.Tensor, torch.Tensor], tuple[float, float]]:

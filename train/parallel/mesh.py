@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from train.config import ConfigError, ModelConfig, ParallelConfig
 
 SINGLE_PROCESS = ("single", "model_parallel")
-REPLICATED_ONLY = ("ddp_naive", "ddp_bucketed", "zero1")
+REPLICATED_ONLY = ("ddp_naive", "ddp_bucketed", "zero1", "param_avg")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from train.parallel.ddp_bucketed import apply_ddp_bucketed
 from train.parallel.ddp_naive import apply_ddp_naive
 from train.parallel.fsdp import apply_fsdp
 from train.parallel.model_parallel import apply_model_parallel
+from train.parallel.param_avg import apply_param_avg
 from train.parallel.pipeline import apply_pipeline
 from train.parallel.single import apply_single
 from train.parallel.tp import apply_tp
@@ -20,4 +21,5 @@ STRATEGIES = {
     "tp": apply_tp,
     "model_parallel": apply_model_parallel,
     "pipeline": apply_pipeline,
+    "param_avg": apply_param_avg,
 }

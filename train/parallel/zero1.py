@@ -1,6 +1,5 @@
 """ZeRO stage 1: optimizer state sharded across ranks (ZeroRedundancyOptimizer over DDP)."""
 
-import torch
 from torch import nn
 
 from train.parallel.common import Context, Trainable
@@ -11,8 +10,7 @@ def apply_zero1(model: nn.Module, ctx: Context) -> Trainable:
     from torch.distributed.optim import ZeroRedundancyOptimizer  # heavy: imported when used
 
     trainable = apply_ddp(model, ctx)
-    trainable.optimizer = ZeroRedundancyOptimizer(
-        trainable.model.parameters(), optimizer_class=torch.optim.SGD, **ctx.optimizer_kwargs()
-    )
+    cls, kwargs = ctx.optimizer_class()
+    trainable.optimizer = ZeroRedundancyOptimizer(trainable.model.parameters(), optimizer_class=cls, **kwargs)
     trainable.optimizer_shard = trainable.optimizer.optim
     return trainable
