@@ -167,9 +167,14 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     ckpt_dir = Path(t.run_dir) / "checkpoints"
     start = 0
     if t.ckpt_every and (resume := checkpoint.latest(ckpt_dir)) is not None:
+        saved = checkpoint.saved_layout(resume)
+        checkpoint.check_reshard(resume, saved, ctx.dims.tp)
+        if saved["world_size"] != env.world_size:
+            say(f"resharding a {saved['world_size']}-rank checkpoint to {env.world_size} ranks")
         start = checkpoint.load(resume, trainable, scaler)
         say(f"resumed from {resume} (step {start})")
-        writer.write("resume", step=start, path=str(resume))
+        writer.write("resume", step=start, path=str(resume), from_world_size=saved["world_size"])
+    layout = asdict(ctx.dims)  # kept in checkpoints: a resume on another layout checks against it
     preempt = PreemptFlag() if t.ckpt_every else None
     progress = Progress(ctx.device, t.batch_size)
     record: dict = {}
@@ -201,7 +206,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             watchdog.progress()
             last = step == t.steps
             if t.ckpt_every and (step % t.ckpt_every == 0 or last):
-                checkpoint.save(ckpt_dir, step, trainable, scaler)
+                checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
             if step % t.log_every and step % t.eval_every and not last:
                 continue
             record = {"step": step, **progress.flush(env.distributed), "test_loss": None, "test_acc": None}
@@ -220,7 +225,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 finite = check_finite(record, env.rank, finite)
             if preempt is not None and not last and preempt.agreed(env.distributed, ctx.device):
                 if step % t.ckpt_every:
-                    checkpoint.save(ckpt_dir, step, trainable, scaler)
+                    checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
                 record["preempted"] = True
                 writer.write("preempted", step=step)
                 say(f"preemption signal: checkpoint saved at step {step}")
