@@ -55,16 +55,21 @@ def find_job_dir(job: str, log_dir: str) -> Path:
 
 
 def cmd_plan(args) -> int:
-    from cluster.plan import format_plan
+    from cluster.plan import fewer_nodes, format_plan
     from cluster.request import make_request
 
     spec, plan = load_spec(args.job, args.overrides)
     steps = make_request(spec, plan, node_python(spec)).steps
+    smaller, why_not = fewer_nodes(spec)
     if args.json:
         commands = [{"name": s.name, "tasks_per_node": s.tasks_per_node, "command": list(s.command)} for s in steps]
-        print(json.dumps({**plan.to_json(), "steps": commands}, indent=1))
+        print(json.dumps({**plan.to_json(), "steps": commands, "resumes_on_fewer_nodes": smaller}, indent=1))
         return 0
     print(format_plan(plan))
+    if smaller:
+        print(f"its checkpoints resume on fewer nodes too: {', '.join(map(str, smaller))} (resharded)")
+    elif spec.nodes > 1:
+        print(f"its checkpoints resume on no fewer nodes: {why_not}")
     for step in steps:  # what each task runs ($JOB_DIR and the rendezvous are set at submission)
         what = "each rank runs" if step.per_rank else "each node's torchrun agent runs"
         print(f"{step.name}: {what}: {shlex.join(step.command)}")

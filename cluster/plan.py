@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from cluster.spec import JobSpec
 from train.config import ConfigError, check_batch_split
-from train.parallel.mesh import ParallelDims, resolve_dims
+from train.parallel.mesh import PER_RANK_STATE, ParallelDims, resolve_dims
 from train.protocol import PORT_RULE
 
 
@@ -121,6 +121,25 @@ def make_plan(spec: JobSpec) -> Plan:
     local = {"master_addr": "127.0.0.1 (this machine)"} if spec.cluster == "local" else {}
     program = f"{spec.program.kind} {spec.program.target}, launcher {spec.program.launcher}" if spec.program else ""
     return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, **local)
+
+
+def fewer_nodes(spec: JobSpec) -> tuple[list[int], str]:
+    """The smaller node counts on which the built-in trainer's checkpoints of this spec resume
+    (its parallel layout and batch split valid there), and why not where none."""
+    if spec.program is not None:
+        return [], "the program resumes from its own checkpoints: whether a smaller world suits it is its own"
+    if spec.parallel.strategy in PER_RANK_STATE:
+        return [], f"{spec.parallel.strategy} keeps optimizer state per rank: it resumes on the same ranks only"
+    counts = []
+    for nodes in range(spec.nodes - 1, 0, -1):
+        world = nodes * spec.ranks_per_node
+        try:
+            dims = resolve_dims(spec.parallel, spec.model, world, spec.ranks_per_node)
+            check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
+        except ConfigError:
+            continue
+        counts.append(nodes)
+    return counts, "" if counts else "no smaller node count splits the layout and train.batch_size"
 
 
 def format_plan(plan: Plan, limit: int = 64) -> str:

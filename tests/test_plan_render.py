@@ -191,3 +191,23 @@ def test_dry_run_prints_plan_and_script(tmp_path):
     result = run_module("cluster", "submit", "jobs/multi_node.yaml", "--dry-run", f"log_dir={tmp_path}")
     assert result.returncode == 0 and "rank" in result.stdout and "#SBATCH --nodes=2" in result.stdout
     assert not any(Path(tmp_path).iterdir())
+
+
+@pytest.mark.parametrize(
+    "overrides, counts, why",
+    [
+        (
+            ["nodes=4", "tasks_per_node=4", "parallel.strategy=ddp", "train.batch_size=64"],
+            [2, 1],
+            "",
+        ),  # 12 ranks do not split 64
+        (["nodes=4", "tasks_per_node=4", "parallel.strategy=ddp", "train.batch_size=48"], [3, 2, 1], ""),
+        (["nodes=3", "tasks_per_node=2", "parallel.strategy=zero1"], [], "same ranks only"),
+        (["nodes=3", "tasks_per_node=2", "program.script=jobs/train_cnn.py"], [], "its own"),
+    ],
+)
+def test_plan_says_on_which_fewer_nodes_checkpoints_resume(overrides, counts, why):
+    from cluster.plan import fewer_nodes
+
+    smaller, reason = fewer_nodes(spec("cluster=slurm", "gpus_per_node=0", *overrides))
+    assert smaller == counts and why in reason

@@ -15,6 +15,9 @@ from train.config import ConfigError, ModelConfig, ParallelConfig
 
 SINGLE_PROCESS = ("single", "model_parallel")
 REPLICATED_ONLY = ("ddp_naive", "ddp_bucketed", "zero1", "param_avg")
+# Strategies whose optimizer state belongs to one rank of one layout: their checkpoints resume
+# on the same number of ranks only (train.checkpoint refuses another).
+PER_RANK_STATE = ("zero1", "param_avg")
 
 
 @dataclass(frozen=True)
