@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import mmap
 import multiprocessing
 import os
@@ -72,7 +73,7 @@ class RankReport:
     cascade: bool = False
     straggler: bool = False
     log: str = ""
-    step_times: list[tuple[int, float]] = field(default_factory=list)
+    step_times: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ms/step, record time)
 
 
 @dataclass
@@ -316,7 +317,9 @@ def rank_reports(
                 rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
                 rep.pid = records[starts[-1]].get("pid")
             steps = [rec for rec in records if rec.get("event") == "step"]
-            rep.step_times = [(rec["step"], rec["step_ms"]) for rec in steps if rec.get("step_ms") is not None]
+            rep.step_times = [
+                (rec["step"], rec["step_ms"], rec.get("time", 0.0)) for rec in steps if rec.get("step_ms") is not None
+            ]
             attempt = records[starts[-1] if starts else 0 :]
             last = [rec for rec in attempt if rec.get("event") == "step"]
             if steps:
@@ -335,7 +338,7 @@ def rank_reports(
         if scan["last_time"]:
             rep.last_time = max(rep.last_time or 0, scan["last_time"])
         if rep.step_times:
-            rep.median_step_ms = statistics.median(ms for _, ms in rep.step_times)
+            rep.median_step_ms = statistics.median(ms for _, ms, _ in rep.step_times)
         rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
         rep.exit_crash = scan["exit_crash"]
         if final and end is not None and end.get("steps") == 0 and require_progress:
@@ -542,24 +545,81 @@ def format_report(report: Report, limit: int = 64) -> str:
     return "\n".join(lines)
 
 
+def step_time_grid(report: Report, columns: int = 400) -> tuple[list[RankReport], list[list[float]], float, float]:
+    """Ranks ordered by node, and for each a row of ``columns`` time bins holding the step
+    time of the log interval that covers the bin (nan where the rank logged nothing: not yet
+    started, dead, hung); the time span (t0, t1) the columns cover."""
+    order = sorted(report.ranks, key=lambda r: (-1 if r.node is None else r.node, r.rank))
+    # Each step record closes an interval that began at the previous record (the first: its
+    # steps x its ms/step before it).
+    spans = {r.rank: [] for r in order}
+    for r in order:
+        prev = None
+        for step, ms, t in r.step_times:
+            begin = prev if prev is not None else t - step * ms / 1e3
+            spans[r.rank].append((begin, t, ms))
+            prev = t
+    times = [t for v in spans.values() for span in v for t in span[:2]]
+    if not times:
+        return order, [], 0.0, 0.0
+    t0, t1 = min(times), max(times)
+    t1 += (t1 - t0) * 0.05  # room after the last step for the failure's marker
+    width = (t1 - t0) / columns or 1.0
+    grid = []
+    for r in order:
+        row = [math.nan] * columns
+        for begin, end, ms in spans[r.rank]:
+            first, last = int((begin - t0) / width), min(columns - 1, int((end - t0) / width))
+            row[max(0, first) : last + 1] = [ms] * (last + 1 - max(0, first))
+        grid.append(row)
+    return order, grid, t0, t1
+
+
 def plot_step_times(report: Report, path: str | Path) -> None:
+    """The job as people look at it at scale: one row per rank, grouped by node, against wall
+    time, coloured by step time (grey where a rank logged nothing), with the first failure or
+    hang culprit and the stragglers marked. Readable at 1024 ranks, where lines per rank are not."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
 
-    fig, ax = plt.subplots(figsize=(9, 5))
-    timed = [r for r in report.ranks if r.step_times]
-    for r in timed:
-        steps, ms = zip(*r.step_times)
-        ax.plot(steps, ms, label=f"rank {r.rank}" + (" (straggler)" if r.straggler else ""), lw=2 if r.straggler else 1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("step time (ms, mean over log interval)")
-    ax.set_title(f"step time per rank: {report.job_dir}")
-    if not timed:  # ended before its first log interval (train.log_every)
+    order, grid, t0, t1 = step_time_grid(report)
+    fig, ax = plt.subplots(figsize=(11, 6))
+    ax.set_title(f"step time per rank: {report.job_dir}", fontsize=9)
+    if not grid:  # ended before its first log interval (train.log_every)
         ax.text(0.5, 0.5, "no step records yet", ha="center", transform=ax.transAxes)
-    elif len(timed) <= 16:
-        ax.legend(fontsize=8)
+    else:
+        values = [v for row in grid for v in row if not math.isnan(v)]
+        lo, hi = min(values), max(values)
+        cmap = plt.get_cmap("viridis").copy()
+        cmap.set_bad("lightgrey")
+        image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap,
+                          norm=LogNorm(lo, hi) if hi > lo * 1.01 else None, extent=(0, t1 - t0, len(order), 0))  # fmt: skip
+        fig.colorbar(image, ax=ax, label="step time (ms, per log interval)")
+        rows = {r.rank: i for i, r in enumerate(order)}
+        starts = [i for i, r in enumerate(order) if i == 0 or r.node != order[i - 1].node]
+        for i in starts[1:]:  # node boundaries
+            ax.axhline(i, color="white", lw=0.6 if len(starts) < 64 else 0.2)
+        if len(order) <= 32:  # every rank named; else the first rank of every k-th node
+            ticks = [(i, f"rank {r.rank} {r.host}") for i, r in enumerate(order)]
+        else:
+            ticks = [(i, f"{order[i].host or 'node'} ({order[i].node})") for i in starts[:: max(1, len(starts) // 32)]]
+        ax.set_yticks([i + 0.5 for i, _ in ticks], [label for _, label in ticks], fontsize=7)
+        ax.set_ylabel(f"{len(order)} ranks, grouped by node")
+        ax.set_xlabel("seconds since the first step")
+        for r in order:
+            if r.straggler:
+                ax.plot(0, rows[r.rank] + 0.5, ">", color="orange", ms=6, clip_on=False)
+        failure = report.first_failure
+        if failure and failure["rank"] in rows:  # an error long after the last step: at the right edge
+            when = min(failure.get("time") or t1, t1) - t0
+            ax.plot(when, rows[failure["rank"]] + 0.5, "X", color="red", ms=12, mec="white", clip_on=False)
+            what = "hang culprit" if report.hang else "first failure"
+            ax.annotate(f"{what}: rank {failure['rank']} ({failure['state']}) on {failure['host']}",
+                        (when, rows[failure["rank"]] + 0.5), xytext=(-10, -14), textcoords="offset points",
+                        ha="right", color="red", fontsize=8)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -90,3 +90,25 @@ def test_a_rank_without_a_log_is_explained_by_the_schedulers_file(tmp_path):
     rank0 = inspect(job_dir, running=False).ranks[0]
     assert rank0.state == "killed" and "slurm-4242.log says: KeyboardInterrupt" in rank0.error
     assert rank0.log.endswith("slurm-4242.log")
+
+
+def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_path):
+    import math
+
+    from cluster.logs import step_time_grid
+
+    job = make_job(tmp_path, world=8, lines=100, silent_rank=5, slow_rank=2)
+    order, grid, t0, t1 = step_time_grid(inspect(job, running=True, silent_after_s=30, now=START + 100))
+    assert [r.rank for r in order] == list(range(8)) and [r.node for r in order] == [0] * 4 + [1] * 4
+    values = [{v for v in row if not math.isnan(v)} for row in grid]
+    assert values[2] == {15.0} and all(values[r] == {10.0} for r in (0, 1, 3, 4, 6, 7))
+    # The hung rank stops logging halfway: its row is empty (grey) from there on.
+    assert math.isnan(grid[5][-len(grid[5]) // 3]) and not math.isnan(grid[4][-len(grid[4]) // 3])
+
+
+def test_plot_of_1024_ranks_is_one_image_with_the_failure_marked(tmp_path):
+    from cluster.logs import plot_step_times
+
+    report = inspect(make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8), running=False)
+    plot_step_times(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and report.first_failure["rank"] == 341
