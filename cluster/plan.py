@@ -95,12 +95,19 @@ def gpu_binding(spec: JobSpec) -> str:
     return "shared" if spec.launcher == "torchrun" else spec.gpu_binding
 
 
+def trainer_dims(spec: JobSpec, world: int) -> ParallelDims:
+    """The built-in trainer's parallel dimensions on ``world`` ranks, its batch split checked;
+    ConfigError naming the key where they do not fit."""
+    dims = resolve_dims(spec.parallel, spec.model, world, spec.ranks_per_node)
+    check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
+    return dims
+
+
 def make_plan(spec: JobSpec) -> Plan:
     per_task = gpus_per_task(spec)
     world, tasks = spec.world_size, spec.ranks_per_node
-    if spec.program is None:  # the built-in trainer: its parallel dimensions and batch split
-        dims = resolve_dims(spec.parallel, spec.model, world, tasks)
-        check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
+    if spec.program is None:
+        dims = trainer_dims(spec, world)
     else:  # the user's program lays out its own parallelism
         dims = ParallelDims(dp_replicate=world)
     host_prefix = "localhost" if spec.cluster == "local" else "node"
@@ -132,10 +139,8 @@ def fewer_nodes(spec: JobSpec) -> tuple[list[int], str]:
         return [], f"{spec.parallel.strategy} keeps optimizer state per rank: it resumes on the same ranks only"
     counts = []
     for nodes in range(spec.nodes - 1, 0, -1):
-        world = nodes * spec.ranks_per_node
         try:
-            dims = resolve_dims(spec.parallel, spec.model, world, spec.ranks_per_node)
-            check_batch_split(spec.train.batch_size, dims.dp, spec.train.grad_accum)
+            trainer_dims(spec, nodes * spec.ranks_per_node)
         except ConfigError:
             continue
         counts.append(nodes)

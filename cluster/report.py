@@ -71,13 +71,10 @@ def averaging_table(rounds: int, quick: bool) -> dict:
 
 
 def collectives(max_bytes: str) -> list[dict]:
+    from train.bench import run_ranks
+
     say("collectives bandwidth sweep (2 ranks)")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=29561", "-m",
-           "train.collectives", "--json", f"--max-bytes={max_bytes}"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode:
-        raise RuntimeError(done.stderr[-3000:])
-    return json.loads(done.stdout)["sweep"]
+    return json.loads(run_ranks(2, ["train.collectives", "--json", f"--max-bytes={max_bytes}"]))["sweep"]
 
 
 def plan_speed() -> dict:

@@ -54,8 +54,9 @@ def test_distributed_resume_is_bitwise_identical(strategy, nprocs, tmp_path):
     assert any(r["event"] == "resume" and r["step"] == 20 for r in records[0])
 
 
-# Resharding: train on one layout, resume on others. batch 48 splits over 1, 2, 3 and 4 ranks; the global batch of each step is the same set on any number of ranks, so
-# the mathematics is one process's and the tolerance is the data-parallel tests' ATOL.
+# Resharding: train on one layout, resume on others. batch 48 splits over 1, 2, 3 and 4 ranks;
+# the global batch of each step is the same set on any number of ranks, so the mathematics is
+# one process's and the tolerance is the data-parallel tests' ATOL.
 RESHARD = [*BASE, "train.batch_size=48"]
 
 
@@ -112,7 +113,7 @@ def test_per_rank_optimizer_state_is_refused_on_another_rank_count_naming_what_t
 
 @pytest.mark.slow
 def test_a_larger_tensor_dimension_than_saved_is_refused(tmp_path):
-    """tp=2 -> tp=4 loads the state bitwise and then drifts (train/checkpoint.check_reshard)."""
+    """tp=2 -> tp=4 loads the state bitwise and then drifts (train/checkpoint.load)."""
     run = tmp_path / "run"
     train_steps(run, "tp", 2, 10)
     result = torchrun(4, "train", "parallel.strategy=tp", *RESHARD, "train.steps=20", f"train.run_dir={run / 'dist'}")

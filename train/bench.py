@@ -209,7 +209,7 @@ def benchmark(
         median = statistics.median(ratios)
         entry = {
             "strategy": s,
-            "settings": parse_label(s)[1] if s != "minimal" else [],
+            "settings": parse_label(s)[1],
             "nprocs": ranks[s],
             "samples_per_s": statistics.median(x["samples_per_s"] for x in results),
             "step_ms": statistics.median(x["step_ms"] for x in results),

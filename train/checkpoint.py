@@ -117,30 +117,14 @@ def _state_dicts(trainable: Trainable) -> dict:
     return {"model": model_sd, "optim": optim_sd}
 
 
-def saved_layout(path: Path) -> dict:
-    """How many ranks wrote the checkpoint at ``path`` (``world_size``), and their parallel
-    dimensions (``tp``, ...) where it recorded them."""
-    extra = torch.load(path / f"extra_rank{0:05d}.pt", weights_only=False)
-    return {**(extra.get("layout") or {}), "world_size": extra["world_size"]}
+def saved_world_size(path: Path) -> int:
+    """How many ranks wrote the checkpoint at ``path``."""
+    return torch.load(path / f"extra_rank{0:05d}.pt", weights_only=False)["world_size"]
 
 
-def check_reshard(path: Path, saved: dict, tp: int) -> None:
-    """Refuse what does not reshard correctly. Measured with torch 2.13: a tensor-parallel
-    checkpoint of tp=2 resumed at tp=4 loads parameters and momentum bitwise equal to the saved
-    ones, takes its first step right, and from the second step on drifts (1.9e-3 after 20 steps
-    with momentum 0.9; none with momentum 0): its optimizer state does not carry on. tp=4 to 2,
-    and 1 to 4, are right (3e-8 to 5e-8)."""
-    before = saved.get("tp", 1)
-    if before > 1 and tp > before:
-        raise ConfigError(
-            str(path),
-            f"was saved with tensor parallelism tp={before}; resuming at tp={tp} loads optimizer state that "
-            f"does not carry on correctly (measured): resume with parallel.tp={before} or less",
-        )
-
-
-def load(path: Path, trainable: Trainable, scaler) -> int:
-    """Restore model, optimizer, RNG and scaler from ``path``; returns the step it holds.
+def load(path: Path, trainable: Trainable, scaler, tp: int = 1) -> int:
+    """Restore model, optimizer, RNG and scaler from ``path`` into a run of tensor dimension
+    ``tp``; returns the step it holds.
 
     A checkpoint of another rank count is resharded: DCP lays the saved tensors out for this
     run's mesh (replicated, FSDP shards, tensor-parallel shards, pipeline stages, whose layers
@@ -148,7 +132,11 @@ def load(path: Path, trainable: Trainable, scaler) -> int:
     any number of ranks (train.data.ShardedSampler). A rank the checkpoint had no file for
     takes rank 0's RNG state, scaler and step. State that belongs to one rank of one layout
     (ZeRO-1's optimizer shards, param_avg's per-rank optimizer state) cannot be resharded:
-    that is refused with what to do, never loaded wrong."""
+    that is refused with what to do, never loaded wrong. So is a larger tensor dimension than
+    the checkpoint's: measured with torch 2.13, tp=2 resumed at tp=4 loads parameters and
+    momentum bitwise equal to the saved ones, takes its first step right, and from the second
+    step on drifts (1.9e-3 after 20 steps with momentum 0.9; none with momentum 0): its
+    optimizer state does not carry on. tp=4 to 2, and 1 to 4, are right (3e-8 to 5e-8)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
@@ -161,6 +149,13 @@ def load(path: Path, trainable: Trainable, scaler) -> int:
             f"holds per-rank optimizer state (ZeRO-1 shards or param_avg's local optimizers) of "
             f"{extra['world_size']} ranks, which cannot be resharded to {_world_size()}: resume on "
             f"{extra['world_size']} ranks, or move the checkpoint away to start over",
+        )
+    saved_tp = (extra.get("layout") or {}).get("tp", 1)
+    if saved_tp > 1 and tp > saved_tp:
+        raise ConfigError(
+            str(path),
+            f"was saved with tensor parallelism tp={saved_tp}; resuming at tp={tp} loads optimizer state that "
+            f"does not carry on correctly (measured): resume with parallel.tp={saved_tp} or less",
         )
     state = _state_dicts(trainable)
     dcp.load(state, checkpoint_id=path)

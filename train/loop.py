@@ -167,13 +167,12 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     ckpt_dir = Path(t.run_dir) / "checkpoints"
     start = 0
     if t.ckpt_every and (resume := checkpoint.latest(ckpt_dir)) is not None:
-        saved = checkpoint.saved_layout(resume)
-        checkpoint.check_reshard(resume, saved, ctx.dims.tp)
-        if saved["world_size"] != env.world_size:
-            say(f"resharding a {saved['world_size']}-rank checkpoint to {env.world_size} ranks")
-        start = checkpoint.load(resume, trainable, scaler)
+        saved_world = checkpoint.saved_world_size(resume)
+        if saved_world != env.world_size:
+            say(f"resharding a {saved_world}-rank checkpoint to {env.world_size} ranks")
+        start = checkpoint.load(resume, trainable, scaler, ctx.dims.tp)
         say(f"resumed from {resume} (step {start})")
-        writer.write("resume", step=start, path=str(resume), from_world_size=saved["world_size"])
+        writer.write("resume", step=start, path=str(resume), from_world_size=saved_world)
     layout = asdict(ctx.dims)  # kept in checkpoints: a resume on another layout checks against it
     preempt = PreemptFlag() if t.ckpt_every else None
     progress = Progress(ctx.device, t.batch_size)

@@ -28,21 +28,16 @@ from train.parallel.common import Context, Trainable, forward_eval
 from train.parallel.ddp_naive import broadcast_parameters
 
 
-class Averager:
-    """Averages a fixed list of tensors over ``group`` in one all_reduce of one flat buffer."""
-
-    def __init__(self, group: dist.ProcessGroup, world: int):
-        self.group, self.world = group, world
-
-    def average(self, tensors: list[torch.Tensor]) -> None:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=self.group)
-        flat.div_(self.world)  # gloo has no AVG; the same division on every rank keeps replicas bitwise equal
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
+def average(tensors: list[torch.Tensor], group: dist.ProcessGroup, world: int) -> None:
+    """Average ``tensors`` over ``group`` in one all_reduce of one flat buffer."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    flat.div_(world)  # gloo has no AVG; the same division on every rank keeps replicas bitwise equal
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -65,7 +60,6 @@ def apply_param_avg(model: nn.Module, ctx: Context) -> Trainable:
     optimizer = ctx.optimizer(params)
     every, last = ctx.cfg.parallel.average_every, ctx.cfg.train.steps
     with_state = ctx.cfg.parallel.average_optimizer_state
-    averager = Averager(group, ctx.dims.dp)
 
     def averages_at(step: int) -> bool:
         # The last step too, so that the run ends with one model (evaluated on rank 0).
@@ -74,7 +68,7 @@ def apply_param_avg(model: nn.Module, ctx: Context) -> Trainable:
     @torch.no_grad()
     def after_step(step: int) -> None:
         if averages_at(step):
-            averager.average(params + (optimizer_state_tensors(optimizer) if with_state else []))
+            average(params + (optimizer_state_tensors(optimizer) if with_state else []), group, ctx.dims.dp)
 
     return Trainable(
         model=model,
