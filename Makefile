@@ -51,8 +51,8 @@ IMAGE ?= torch-cluster-kit:latest
 build:  ## the image, with docker when an engine answers, else podman (same arguments)
 	IMAGE=$(IMAGE) docker/build.sh
 
-docker-run:  ## train in the image: make docker-run ARGS="train.steps=100"
-	IMAGE=$(IMAGE) docker/run.sh $(ARGS)
+docker-run: $(VENV)/.installed  ## train in the image: jobs/docker.yaml through the Docker SDK (CLI fallback): make docker-run ARGS="train.steps=100"
+	IMAGE=$(IMAGE) PY=$(PY) docker/run.sh $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

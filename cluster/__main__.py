@@ -41,7 +41,8 @@ def load_spec(path: str, overrides: list[str]):
 def node_python(spec: JobSpec) -> str:
     if spec.python:
         return spec.python
-    return "python" if spec.container.runtime != "none" else sys.executable
+    in_image = spec.container.runtime != "none" or spec.cluster == "docker"
+    return "python" if in_image else sys.executable
 
 
 def find_job_dir(job: str, log_dir: str) -> Path:
@@ -114,7 +115,18 @@ def cmd_submit(args) -> int:
             print(json.dumps({"plan": plan.to_json(), "script": script, "steps": steps}, indent=1))
             return 0
         print(format_plan(plan))
-        if spec.cluster == "local":
+        if spec.cluster == "docker":
+            from cluster.containers import describe
+
+            print("\n# --- what cluster=docker would create through the Docker SDK (nothing was started) ---")
+            print("# $JOB_DIR is runs/<name>/<job id>; the job id is the pid of the controller on this machine")
+            print("\n".join(describe(spec, plan, python)))
+            print("# --- what each node's launcher runs for its tasks ---")
+            for step in request.steps:
+                print(f"# step {step.name}: {step.tasks_per_node} task(s) per node")
+                print(shlex.join(step.command))
+            print("\n# --- the equivalent sbatch script ---")
+        elif spec.cluster == "local":
             print("\n# --- what the local launcher would run (nothing was submitted) ---")
             for step in request.steps:
                 print(f"# step {step.name}: {step.tasks_per_node} task(s); $JOB_DIR is runs/<name>/<job id>")
@@ -191,8 +203,8 @@ def cmd_status(args) -> int:
 
     job_dir = find_job_dir(args.job, args.log_dir)
     plan = json.loads((job_dir / "plan.json").read_text())
-    if plan["cluster"] == "local":
-        state, reason = submit.local_state(job_dir.name, job_dir), None
+    if plan["cluster"] != "slurm":
+        state, reason = submit.local_state(job_dir.name, job_dir, plan["cluster"]), None
     else:
         fields = submit.slurm_job(job_dir.name)
         state, reason = fields.get("JobState"), submit.pending_reason(fields)
@@ -255,7 +267,11 @@ def cmd_snapshot(args) -> int:
     if logs.job_is_running(job_dir, plan) is False or not live:
         raise ConfigError(args.job, "the job is not running: use `python -m cluster logs` for its last stacks")
     sizes = {r.rank: Path(r.log).stat().st_size for r in live}
-    submit.signal_ranks(plan["cluster"], job_dir.name, [r.pid for r in live if r.pid], DUMP_SIGNAL)
+    pids_by_host: dict[str, list[int]] = {}
+    for r in live:
+        if r.pid:
+            pids_by_host.setdefault(r.host, []).append(r.pid)
+    submit.signal_ranks(plan["cluster"], job_dir, pids_by_host, DUMP_SIGNAL)
     found: dict = {}
 
     def every_stack() -> bool:
@@ -317,7 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the check (queue time included)")
     p.set_defaults(func=cmd_preflight)
-    p = with_spec("submit", "submit: sbatch of the rendered script (SLURM), or the local launcher (cluster: local)")
+    p = with_spec(
+        "submit",
+        "submit: sbatch of the rendered script (SLURM), the local launcher (cluster: local), "
+        "or one container per node through the Docker SDK (cluster: docker)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
     p.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
     p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 if any rank failed")

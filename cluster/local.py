@@ -48,9 +48,12 @@ def go(controller: subprocess.Popen) -> None:
     controller.stdin.close()
 
 
-def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_id: str) -> dict:
-    """What the controller runs: each step's tasks, with their commands, environments and logs."""
-    values = {"JOB_DIR": str(job_dir), "JOB_ID": job_id, "MASTER_ADDR": "127.0.0.1",
+def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_id: str, python: str) -> dict:
+    """What the controller runs: each step's tasks on every node (``node``: which node's launcher
+    starts it), with their commands, environments and logs. The rendezvous is this machine
+    (cluster=local) or the first node's container (cluster=docker)."""
+    master = "127.0.0.1" if spec.cluster == "local" else plan.ranks[0].host
+    values = {"JOB_DIR": str(job_dir), "JOB_ID": job_id, "MASTER_ADDR": master,
               "MASTER_PORT": str(master_port_for_job(job_id))}  # fmt: skip
     steps = []
     for step in request.steps:
@@ -58,27 +61,45 @@ def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_
         if request.setup:  # the spec's setup lines run in each task's shell, as in the batch script
             command = ["bash", "-c", "\n".join([*request.setup, 'exec "$@"']), "bash", *command]
         tasks = []
-        for task in range(step.tasks_per_node):
-            env = {**dict(request.env), "KIT_JOB_ID": job_id, "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": values["MASTER_PORT"]}  # fmt: skip
-            slot = plan.ranks[task]  # a torchrun agent's GPUs: its node's, as every rank of it sees them
-            if step.per_rank:  # one task per rank: torchrun's contract
-                env.update(RANK=str(slot.rank), LOCAL_RANK=str(slot.local_rank), GROUP_RANK="0",
-                           WORLD_SIZE=str(plan.world_size), LOCAL_WORLD_SIZE=str(plan.tasks_per_node))  # fmt: skip
-            # As planned; without GPUs in the plan, the machine's own are hidden.
-            env["CUDA_VISIBLE_DEVICES"] = slot.visible_devices
-            log = str(job_dir / step.output.replace("%5t", f"{task:05d}").replace("${ATTEMPT_SUFFIX}", ""))
-            tasks.append({"command": command, "env": env, "log": log})
+        for node in range(plan.nodes):
+            for task in range(step.tasks_per_node):
+                env = {**dict(request.env), "KIT_JOB_ID": job_id, "MASTER_ADDR": master,
+                       "MASTER_PORT": values["MASTER_PORT"]}  # fmt: skip
+                # A torchrun agent's GPUs are its node's, as every rank of it sees them.
+                slot = plan.ranks[node * plan.tasks_per_node + task]
+                if step.per_rank:  # one task per rank: torchrun's contract
+                    env.update(RANK=str(slot.rank), LOCAL_RANK=str(slot.local_rank), GROUP_RANK=str(node),
+                               WORLD_SIZE=str(plan.world_size), LOCAL_WORLD_SIZE=str(plan.tasks_per_node))  # fmt: skip
+                # As planned; without GPUs in the plan, the machine's own are hidden.
+                env["CUDA_VISIBLE_DEVICES"] = slot.visible_devices
+                task_id = f"{node * step.tasks_per_node + task:05d}"  # srun's %t: the task's number in the step
+                log = str(job_dir / step.output.replace("%5t", task_id).replace("${ATTEMPT_SUFFIX}", ""))
+                tasks.append({"node": node, "command": command, "env": env, "log": log})
         steps.append({"name": step.name, "tasks": tasks})
-    return {"steps": steps, "time_limit_s": spec.time_minutes * 60, "cwd": os.getcwd()}
+    return {
+        "cluster": spec.cluster,
+        "steps": steps,
+        "time_limit_s": spec.time_minutes * 60,
+        "cwd": os.getcwd(),
+        "python": python,
+    }
 
 
 # ----------------------------------------------------------------------------- the controller
 
 
 class Controller:
-    def __init__(self, launch: dict):
+    """Runs the launch file's steps one after another, like the batch script's srun lines. A
+    step's units are processes here (the tasks of one node) or containers (``cluster.containers``,
+    one per node); either way one failed unit ends the step (kill-on-bad-exit), and so do the
+    time limit and SIGTERM (``cluster cancel``)."""
+
+    poll_s = 0.1
+    unit_name = "task"
+
+    def __init__(self, launch: dict, node: int = 0):
         self.launch = launch
+        self.node = node
         self.deadline = time.monotonic() + launch["time_limit_s"]
         self.stopping: str | None = None  # why the job is being ended early
         self.procs: list[subprocess.Popen] = []
@@ -91,10 +112,10 @@ class Controller:
     def stop(self, signum, frame) -> None:
         self.stopping = f"cancelled ({signal.Signals(signum).name})"
 
-    def run_step(self, step: dict) -> int:
-        self.say(f"step {step['name']}: {len(step['tasks'])} task(s)")
+    def start(self, step: dict) -> None:
+        """This node's tasks of the step, each with its log appended to, like ``srun --output``."""
         self.procs = []
-        for task in step["tasks"]:
+        for task in (t for t in step["tasks"] if t["node"] == self.node):
             with open(task["log"], "ab") as log:
                 self.procs.append(
                     subprocess.Popen(
@@ -106,49 +127,70 @@ class Controller:
                     )  # fmt: skip
                 )
             self.say(f"  task {len(self.procs) - 1}: pid {self.procs[-1].pid}: {shlex.join(task['command'])[:300]}")
-        failed = None
 
-        def settled() -> bool:
-            nonlocal failed
-            codes = [p.poll() for p in self.procs]
-            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad and failed is None:
-                failed = bad[0]
-                self.say(f"task {failed[0]} exited with {failed[1]}: ending the step (kill-on-bad-exit)")
-                self.end_tasks()
-            if self.stopping:
-                self.say(f"{self.stopping}: ending the step")
-                self.end_tasks()
-            return all(c is not None for c in codes)
+    def exit_codes(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
 
-        try:
-            wait_until(settled, max(0.0, self.deadline - time.monotonic()), "the step's tasks", 0.1)
-        except WaitTimeout:
-            self.say("time limit reached: ending the step")
-            self.stopping = "time limit"
-            self.end_tasks()
-        codes = [p.wait() for p in self.procs]
-        self.say(f"step {step['name']} ended: exit codes {codes}")
-        if failed is not None:
-            return failed[1] if failed[1] > 0 else 128 - failed[1]
-        return 1 if self.stopping else 0
-
-    def end_tasks(self) -> None:
+    def end_units(self) -> None:
         """SIGTERM to every task still running (they dump their stacks), SIGKILL after KILL_WAIT_S."""
         live = [p for p in self.procs if p.poll() is None]
         for p in live:
             p.send_signal(signal.SIGTERM)
         processes.kill_after([p.pid for p in live], KILL_WAIT_S, self.say)
 
-    def run(self) -> int:
+    def wait_units(self) -> list[int]:
+        return [p.wait() for p in self.procs]
+
+    def run_step(self, step: dict) -> int:
+        self.say(f"step {step['name']}: {sum(t['node'] == self.node for t in step['tasks'])} task(s)")
+        self.start(step)
+        failed = None
+
+        def settled() -> bool:
+            nonlocal failed
+            codes = self.exit_codes()
+            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if bad and failed is None:
+                failed = bad[0]
+                self.say(f"{self.unit_name} {failed[0]} exited with {failed[1]}: ending the step (kill-on-bad-exit)")
+                self.end_units()
+            if self.stopping:
+                self.say(f"{self.stopping}: ending the step")
+                self.end_units()
+            return all(c is not None for c in codes)
+
+        try:
+            wait_until(settled, max(0.0, self.deadline - time.monotonic()), "the step's tasks", self.poll_s)
+        except WaitTimeout:
+            self.say("time limit reached: ending the step")
+            self.stopping = "time limit"
+            self.end_units()
+        codes = self.wait_units()
+        self.say(f"step {step['name']} ended: exit codes {codes}")
+        if failed is not None:
+            return failed[1] if failed[1] > 0 else 128 - failed[1]
+        return 1 if self.stopping else 0
+
+    def clean_up(self) -> None:
+        """Nothing outlives a step here: each ends its tasks."""
+
+    def run(self, only_step: str | None = None) -> int:
         for step in self.launch["steps"]:
-            code = self.run_step(step)
-            if code:
-                return code
+            if only_step is None or step["name"] == only_step:
+                code = self.run_step(step)
+                if code:
+                    return code
         return 0
 
 
 def main(argv: list[str]) -> int:
+    """``cluster.local JOB_ROOT``: the job's controller (started by ``start``, told to go);
+    ``cluster.local --node N --step NAME JOB_DIR``: one node's tasks of one step, inside that
+    node's container (cluster=docker), its account on standard output."""
+    if argv[0] == "--node":
+        node, step, job_dir = int(argv[1]), argv[3], Path(argv[4])
+        controller = Controller(json.loads((job_dir / paths.LAUNCH).read_text()), node)
+        return controller.run(only_step=step)
     job_root = Path(argv[0])
     if sys.stdin.readline().strip() != "go":  # the submitter died before the job was written
         return 1
@@ -156,8 +198,17 @@ def main(argv: list[str]) -> int:
     fd = os.open(job_dir / paths.CONTROLLER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
-    controller = Controller(json.loads((job_dir / paths.LAUNCH).read_text()))
-    code = controller.run()
+    launch = json.loads((job_dir / paths.LAUNCH).read_text())
+    if launch["cluster"] == "docker":
+        from cluster.containers import ContainerController
+
+        controller = ContainerController(launch, job_dir)
+    else:
+        controller = Controller(launch)
+    try:
+        code = controller.run()
+    finally:
+        controller.clean_up()
     controller.say(f"job ended: exit {code}")
     return code
 

@@ -248,8 +248,8 @@ def job_is_running(job_dir: Path, plan: dict | None) -> bool | None:
     from cluster import submit
 
     job_id = job_dir.name
-    if plan["cluster"] == "local":
-        return submit.local_state(job_id, job_dir) == "RUNNING"
+    if plan["cluster"] != "slurm":
+        return submit.local_state(job_id, job_dir, plan["cluster"]) == "RUNNING"
     try:
         return not submit.slurm_ended(submit.slurm_state(job_id))
     except FileNotFoundError:  # no scontrol here: a job directory copied from elsewhere

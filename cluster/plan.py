@@ -110,10 +110,10 @@ def make_plan(spec: JobSpec) -> Plan:
         dims = trainer_dims(spec, world)
     else:  # the user's program lays out its own parallelism
         dims = ParallelDims(dp_replicate=world)
-    host_prefix = "localhost" if spec.cluster == "local" else "node"
     ranks = []
     for node in range(spec.nodes):
-        host = host_prefix if spec.cluster == "local" else f"<{host_prefix}{node}>"
+        # Local: this machine; docker: the node's container, named so; SLURM: known at run time.
+        host = {"local": "localhost", "docker": f"node{node}"}.get(spec.cluster, f"<node{node}>")
         for local in range(tasks):
             rank = node * tasks + local
             gpus = tuple(range(local * per_task, (local + 1) * per_task))
@@ -125,7 +125,8 @@ def make_plan(spec: JobSpec) -> Plan:
                 device = f"cuda:{local}" if gpus else "cpu"
             coords = dims.coords(rank) if world > 1 and spec.program is None else None
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
-    local = {"master_addr": "127.0.0.1 (this machine)"} if spec.cluster == "local" else {}
+    master = {"local": "127.0.0.1 (this machine)", "docker": "node0 (the first node's container)"}
+    local = {"master_addr": master[spec.cluster]} if spec.cluster in master else {}
     program = f"{spec.program.kind} {spec.program.target}, launcher {spec.program.launcher}" if spec.program else ""
     return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, **local)
 

@@ -89,7 +89,7 @@ def srun_options(spec: JobSpec) -> list[str]:
 
 def in_container(spec: JobSpec, cmd: list[str]) -> list[str]:
     c = spec.container
-    if c.runtime == "apptainer":
+    if c.runtime == "apptainer" and spec.cluster != "docker":  # docker's tasks already run in the image
         binds = [f"--bind={m}" for m in c.mounts]
         pwd = [f"--pwd={c.workdir}"] if c.workdir else []
         return ["apptainer", "exec", "--nv", *binds, *pwd, c.image, *cmd]

@@ -60,7 +60,8 @@ def parse_time_minutes(text: str) -> int:
 
 @dataclass
 class ContainerSpec:
-    # none: bare metal; pyxis: srun --container-image (enroot); apptainer: srun apptainer exec --nv
+    # none: bare metal; pyxis: srun --container-image (enroot); apptainer: srun apptainer exec --nv.
+    # cluster=docker runs image itself, whatever the runtime (which is for SLURM).
     runtime: Literal["none", "pyxis", "apptainer"] = "none"
     image: str = ""
     mounts: list[str] = field(default_factory=list)
@@ -177,7 +178,9 @@ def _check_command(key: str, command: str) -> None:
 @dataclass
 class JobSpec:
     name: str = "train"
-    cluster: Literal["local", "slurm"] = "slurm"
+    # slurm: sbatch; local: this machine, one node; docker: one container per node on this
+    # machine, from container.image (the Docker SDK; try a multi-node job in the image).
+    cluster: Literal["local", "slurm", "docker"] = "slurm"
     nodes: int = 1
     gpus_per_node: int = 0
     tasks_per_node: int | None = None  # default: one per GPU, or 1 without GPUs
@@ -262,6 +265,12 @@ class JobSpec:
                 raise ConfigError(f"sbatch_extra[{i}]", f"{opt!r} must be one --option[=value] without spaces")
         parse_time_minutes(self.time)
         require_positive(self, prefix, "stall_timeout_s", minimum=0)
+        if self.cluster == "docker" and not self.container.image:
+            raise ConfigError(
+                "container.image",
+                "cluster=docker runs every node in container.image: set it (the kit's image: `make build`, "
+                "then container.image=torch-cluster-kit:latest)",
+            )
         if self.cluster == "local" and self.nodes != 1:
             raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {self.nodes}")
 

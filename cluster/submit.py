@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from cluster import local, paths, processes
+from cluster import containers, local, paths, processes
 from cluster.plan import Plan, plan_record
 from cluster.poll import WaitTimeout, wait_until
 from cluster.render import render
@@ -48,15 +48,15 @@ class Submitted:
     cluster: str
 
     def done(self) -> bool:
-        if self.cluster == "local":  # every process of it, not only the launcher's controller
-            return local_state(self.job_id, self.log_dir) != "RUNNING"
+        if self.cluster in ("local", "docker"):  # every process or container of it, not only the controller
+            return local_state(self.job_id, self.log_dir, self.cluster) != "RUNNING"
         return slurm_ended(slurm_state(self.job_id))
 
     def done_saying_why_pending(self, say: Callable[[str], None]) -> Callable[[], bool]:
         """``done`` for a polling loop that also says why SLURM has not started the job, each
         time the reason changes; a reason that means it never will ends the wait with
         :class:`NeverStarts`."""
-        if self.cluster == "local":
+        if self.cluster != "slurm":
             return self.done
         said = None
 
@@ -88,7 +88,20 @@ def submit(spec: JobSpec, plan: Plan, python: str, source: str = "", preflight_o
         controller = local.start(paths.job_root(spec.log_dir, spec.name), python)
         job_id = str(controller.pid)
         job_dir = paths.job_dir(spec.log_dir, spec.name, job_id)
-        write_job_files(job_dir, spec, plan, script, local.launch_file(spec, plan, request, job_dir, job_id))
+        write_job_files(job_dir, spec, plan, script, local.launch_file(spec, plan, request, job_dir, job_id, python))
+        local.go(controller)
+    elif spec.cluster == "docker":
+        containers.check(spec, plan, containers.host_gpus())
+        # The controller runs here, with this interpreter; the containers run the image's python.
+        controller = local.start(paths.job_root(spec.log_dir, spec.name).resolve(), sys.executable)
+        job_id = str(controller.pid)
+        job_dir = paths.job_dir(spec.log_dir, spec.name, job_id).resolve()  # mounted at the same path
+        launch = local.launch_file(spec, plan, request, job_dir, job_id, python)
+        launch["network"] = containers.network_name(spec, job_id)
+        launch["containers"] = containers.container_configs(
+            spec, plan, job_dir, job_id, python, os.getcwd(), containers.user_ids()
+        )
+        write_job_files(job_dir, spec, plan, script, launch)
         local.go(controller)
     else:
         job_id = sbatch(spec, script)
@@ -179,8 +192,7 @@ def pending_reason(fields: dict[str, str]) -> str | None:
 def local_processes(job_id: str, job_dir: Path | None) -> set[int]:
     """The live processes of a local job: the launcher's controller (the job id), the ranks
     its start records name (also when orphaned by a controller that died), and their children."""
-    controller = int(job_id) if job_id.isdigit() else None
-    pids = {controller} if controller and "cluster.local" in processes.command_line(controller) else set()
+    pids = {int(job_id)} if controller_alive(job_id) else set()
     for path in job_dir.glob("rank_*.jsonl") if job_dir is not None and job_dir.is_dir() else ():
         for rec in read_records(path):
             pid = rec.get("pid") if rec.get("event") == "start" else None
@@ -190,7 +202,15 @@ def local_processes(job_id: str, job_dir: Path | None) -> set[int]:
     return {p for p in processes.with_descendants(pids) if processes.alive(p)}
 
 
-def local_state(job_id: str, job_dir: Path | None = None) -> str:
+def controller_alive(job_id: str) -> bool:
+    return job_id.isdigit() and "cluster.local" in processes.command_line(int(job_id))
+
+
+def local_state(job_id: str, job_dir: Path | None = None, cluster: str = "local") -> str:
+    """RUNNING while anything of a local or docker job is: for docker, its controller or a
+    container (the ranks' pids in the records are the containers' own, not this machine's)."""
+    if cluster == "docker":
+        return "RUNNING" if controller_alive(job_id) or containers.running(job_dir) else "ENDED"
     return "RUNNING" if local_processes(job_id, job_dir) else "ENDED"
 
 
@@ -206,6 +226,15 @@ def cancel(cluster: str, job_id: str, job_dir: Path | None, grace_s: float, say:
                 os.kill(pid, signal.SIGTERM)
         processes.kill_after(pids, grace_s, say)
         return
+    if cluster == "docker":  # the controller stops and removes the containers; what is left, we do
+        if controller_alive(job_id):
+            os.kill(int(job_id), signal.SIGTERM)
+        try:
+            wait_until(lambda: local_state(job_id, job_dir, cluster) != "RUNNING", grace_s, f"job {job_id} to end", 0.5)
+        except WaitTimeout:
+            say(f"job {job_id} still running {grace_s:g} s after SIGTERM: removing its containers")
+            containers.cancel(job_dir, say)
+        return
     subprocess.run(["scancel", job_id], check=True)
     try:
         wait_until(lambda: slurm_ended(slurm_state(job_id)), grace_s, f"job {job_id} to end", 0.5)
@@ -214,15 +243,19 @@ def cancel(cluster: str, job_id: str, job_dir: Path | None, grace_s: float, say:
         subprocess.run(["scancel", "--signal=KILL", "--full", job_id], check=False)
 
 
-def signal_ranks(cluster: str, job_id: str, pids: list[int], sig: signal.Signals) -> None:
+def signal_ranks(cluster: str, job_dir: Path, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
     """Send ``sig`` to every rank of a running job: on SLURM to every task of its steps
-    (scancel leaves the batch shell alone), locally to the ranks' processes."""
-    if cluster == "local":
-        for pid in pids:
+    (scancel leaves the batch shell alone), locally to the ranks' processes, in containers to
+    the ranks' processes there (pids as each container sees them)."""
+    if cluster == "docker":
+        python = json.loads((job_dir / paths.LAUNCH).read_text())["python"]
+        containers.signal_ranks(job_dir, pids_by_host, python, sig)
+    elif cluster == "local":
+        for pid in (p for pids in pids_by_host.values() for p in pids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
     else:
-        subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job_id], check=True)
+        subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job_dir.name], check=True)
 
 
 def py_spy() -> str | None:
@@ -234,6 +267,8 @@ def py_spy() -> str | None:
 def native_stack(cluster: str, job_id: str, host: str, pid: int) -> str:
     """py-spy's dump with native frames of one rank (needs ptrace: in a container, run it
     with the SYS_PTRACE capability). On SLURM it runs on the rank's node inside the job."""
+    if cluster == "docker":
+        return "not for cluster=docker: the records hold each container's own pids (py-spy is not in the image)"
     cmd = [py_spy() or "py-spy", "dump", "--native", "--pid", str(pid)]
     if cluster != "local":
         cmd = ["srun", f"--jobid={job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}", *cmd]

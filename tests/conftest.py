@@ -34,6 +34,51 @@ def torchrun(nprocs: int, *args: str, timeout: float = 240, env: dict | None = N
     )  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- the kit's image
+IMAGE = "localhost/torch-cluster-kit:test"
+
+
+def pip_setting(key: str) -> str:
+    out = subprocess.run(["pip", "config", "get", key], capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def docker_engine():
+    """A Docker SDK client where an engine answers (tests/provision.sh starts dockerd), else None."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+        return client
+    except docker.errors.DockerException:
+        return None
+
+
+@pytest.fixture(scope="session")
+def kit_image():
+    """The kit's image, built for real (docker when an engine answers, else podman) on a local
+    Debian base standing in for the CUDA one, with torch's CPU wheel from this machine's
+    find-links. ``+cpu`` pinned: an unreachable wheel folder fails the build instead of
+    downloading the 5 GB CUDA build."""
+    engine_found = docker_engine() is not None or shutil.which("podman") is not None
+    if not engine_found or shutil.which("debootstrap") is None:
+        pytest.skip("a container engine and debootstrap are needed (tests/provision.sh installs them as root)")
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    base = subprocess.run(["docker/test-base.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert base.returncode == 0, base.stderr[-3000:]
+    env |= {
+        "IMAGE": IMAGE,
+        "BASE_IMAGE": "localhost/debian-base:bookworm",
+        "TORCH_SPEC": "torch==2.13.0+cpu",
+        "PIP_FIND_LINKS": pip_setting("global.find-links"),
+        "PIP_CERT": pip_setting("global.cert") or "/etc/ssl/certs/ca-certificates.crt",
+    }
+    build = subprocess.run(["docker/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    return IMAGE
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sbatch from the renderer")
 
@@ -74,25 +119,42 @@ def pytest_sessionstart(session):
     os.environ[SESSION_MARK] = str(os.getpid())
 
 
+def docker_objects(under: Path) -> list:
+    """The containers and networks of cluster=docker jobs whose job directory is under ``under``."""
+    from cluster.containers import LABEL
+
+    client = docker_engine()
+    if client is None:
+        return []
+    mine = lambda labels: (labels or {}).get(LABEL, "").startswith(str(under))  # noqa: E731
+    containers = [c for c in client.containers.list(all=True, filters={"label": LABEL}) if mine(c.labels)]
+    return containers + [n for n in client.networks.list(filters={"label": LABEL}) if mine(n.attrs.get("Labels"))]
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The suite fails when a job outlives it, naming what survived (then ends it)."""
     from cluster.poll import WaitTimeout, wait_until
     from cluster.processes import kill_after
 
+    temp = session.config._tmp_path_factory.getbasetemp()  # every test's jobs write under it
     left = job_processes
     try:  # teardowns of the last test's job may still be running
-        wait_until(lambda: not left() and not slurm_jobs(), 30, "the suite's jobs to end", 1.0)
+        wait_until(lambda: not left() and not slurm_jobs() and not docker_objects(temp), 30, "the suite's jobs", 1.0)
         return
     except WaitTimeout:
         pass
     report = session.config.pluginmanager.get_plugin("terminalreporter")
     say = (lambda text: report.write_line(text, red=True)) if report else print
-    survivors, queued = left(), slurm_jobs()
-    say(f"LEFT BEHIND: {len(survivors)} process(es) and {len(queued)} SLURM job(s) of the suite's jobs")
+    survivors, queued, containers = left(), slurm_jobs(), docker_objects(temp)
+    say(f"LEFT BEHIND: {len(survivors)} process(es), {len(queued)} SLURM job(s) and {len(containers)} "
+        "container(s) or network(s) of the suite's jobs")  # fmt: skip
     for pid, cmd in survivors.items():
         say(f"  pid {pid}: {cmd[:200]}")
     for line in queued:
         say(f"  SLURM job {line}")
         subprocess.run(["scancel", line.split()[0]], check=False)
+    for obj in containers:
+        say(f"  {type(obj).__name__.lower()} {obj.name}")
+        obj.remove(**({"force": True} if hasattr(obj, "stop") else {}))
     kill_after(survivors, 0, say)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,202 @@
+"""cluster=docker: one container per planned node through the Docker SDK.
+
+The unmarked tests are pure or need no engine (the containers' configuration, bad input).
+The image tier runs real jobs in the kit's image (``kit_image``) on the Docker engine that
+tests/provision.sh starts: the same files, triage, snapshot and cancel as the other executors,
+and nothing left behind.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.containers import LABEL, container_configs, node_gpus
+from cluster.plan import make_plan
+from cluster.poll import wait_until
+from cluster.spec import JobSpec
+from cluster.submit import local_state
+from tests.conftest import docker_engine, run_module
+from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line, wait_for_step
+from train.config import ConfigError, load
+from train.protocol import read_records
+
+SPEC = "jobs/multi_node.yaml"
+TWO_BY_TWO = ["cluster=docker", "nodes=2", "tasks_per_node=2", "gpus_per_node=0"]
+
+
+def spec_of(*overrides: str) -> JobSpec:
+    return load(JobSpec, SPEC, [*TWO_BY_TWO, "container.image=kit:test", *overrides])
+
+
+@pytest.mark.parametrize(
+    "overrides, names, gpus",
+    [
+        ([], ["multi-node-7-node0", "multi-node-7-node1"], [[], []]),
+        (["gpus_per_node=2", "tasks_per_node=2"], ["multi-node-7-node0", "multi-node-7-node1"], [["0", "1"], ["2", "3"]]),
+        (["nodes=3", "gpus_per_node=1", "tasks_per_node=1", "train.batch_size=63"], [f"multi-node-7-node{n}" for n in range(3)], [["0"], ["1"], ["2"]]),
+    ],
+)  # fmt: skip
+def test_one_container_per_node_named_after_job_and_node_with_its_own_gpus(overrides, names, gpus, tmp_path):
+    spec = spec_of(*overrides)
+    plan = make_plan(spec)
+    job_dir = tmp_path / "runs" / "multi-node" / "7"
+    configs = container_configs(spec, plan, job_dir, "7", "python", str(tmp_path), "1000:1000")
+    assert [c["name"] for c in configs] == names
+    assert [c["hostname"] for c in configs] == [f"node{n}" for n in range(len(names))]
+    assert [c["hostname"] for c in configs] == sorted({r.host for r in plan.ranks})  # the plan's hosts
+    assert [c["gpus"] for c in configs] == gpus == [node_gpus(spec, n) for n in range(len(names))]
+    for n, c in enumerate(configs):
+        assert c["command"] == ["python", "-P", "-m", "cluster.local", "--node", str(n), "--step", "STEP", str(job_dir)]
+        assert c["user"] == "1000:1000" and c["working_dir"] == str(tmp_path)
+        assert c["volumes"] == {str(tmp_path): {"bind": str(tmp_path), "mode": "rw"}}  # the job dir is inside
+        assert c["labels"][LABEL] == str(job_dir)
+
+
+def test_a_job_dir_elsewhere_and_the_specs_mounts_are_mounted_at_their_paths(tmp_path):
+    spec = spec_of('container.mounts=["/data:/data:ro","/scratch"]')
+    config = container_configs(spec, make_plan(spec), Path("/elsewhere/9"), "9", "python", str(tmp_path), "0:0")[0]
+    assert config["volumes"] == {
+        str(tmp_path): {"bind": str(tmp_path), "mode": "rw"},
+        "/elsewhere/9": {"bind": "/elsewhere/9", "mode": "rw"},
+        "/data": {"bind": "/data", "mode": "ro"},
+        "/scratch": {"bind": "/scratch", "mode": "rw"},
+    }
+
+
+def test_the_plan_names_the_containers_hosts_and_the_rendezvous():
+    plan = make_plan(spec_of())
+    assert [(r.rank, r.node, r.host) for r in plan.ranks] == [(0, 0, "node0"), (1, 0, "node0"), (2, 1, "node1"), (3, 1, "node1")]  # fmt: skip
+    assert plan.master_addr.startswith("node0")
+
+
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["container.image="], "container.image", "make build"),
+        (["container.image=kit:test", "gpus_per_node=4"], "gpus_per_node", "this machine has 0"),
+        (["container.image=kit:test"], "cluster", "no Docker engine answers at unix:///nonexistent/docker.sock"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_key_before_anything_starts(overrides, key, words, tmp_path):
+    args = ["cluster", "submit", SPEC, *TWO_BY_TWO, *overrides, f"log_dir={tmp_path}"]
+    result = run_module(*args, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {key}: ") and words in result.stderr and "Traceback" not in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing submitted, no job directory
+
+
+def test_spec_without_image_is_rejected_on_load():
+    with pytest.raises(ConfigError, match="container.image"):
+        load(JobSpec, SPEC, TWO_BY_TWO)
+
+
+def test_dry_run_prints_the_network_and_every_containers_docker_run(tmp_path):
+    result = run_module("cluster", "submit", SPEC, *TWO_BY_TWO, "container.image=kit:test", "preflight=true",
+                        "--dry-run", f"log_dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "docker network create" in out and out.count("docker run --detach --init --ipc=host") == 4  # 2 steps x 2
+    assert "--hostname=node1 '--network=multi-node-$JOB_ID' --network-alias=node1" in out
+    assert "--node 1 --step preflight" in out and "--node 0 --step train" in out
+    assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- real containers
+
+
+@pytest.fixture
+def image(kit_image):
+    if docker_engine() is None:
+        pytest.skip("no Docker engine answers (tests/provision.sh starts dockerd as root)")
+    return kit_image
+
+
+def leftovers(job_dir: Path) -> list[str]:
+    client = docker_engine()
+    label = {"label": f"{LABEL}={job_dir}"}
+    return [c.name for c in client.containers.list(all=True, filters=label)] + [
+        n.name for n in client.networks.list(filters=label)
+    ]
+
+
+def docker_job(image: str, tmp_path: Path, *overrides: str, wait: bool = True):
+    result, info = submit(SPEC, tmp_path, *TWO_BY_TWO, f"container.image={image}", *overrides, wait=wait)
+    assert info is not None, result.stderr
+    return result, Path(info["log_dir"])
+
+
+@pytest.mark.image
+def test_two_node_containers_train_to_the_end_as_planned(image, tmp_path):
+    result, job_dir = docker_job(image, tmp_path, "train.steps=100")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in job_dir.glob("rank_*.log")) == [f"rank_{r:05d}.log" for r in range(4)]
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and [r["state"] for r in report["ranks"]] == ["completed"] * 4
+    assert all(r["last_step"] == 100 for r in report["ranks"])
+    plan = json.loads((job_dir / "plan.json").read_text())
+    for slot in plan["ranks"]:  # what each rank saw in its container is what was planned
+        env = next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")["env"]
+        assert (env["rank"], env["host"], env["node_rank"], env["local_rank"], env["world_size"]) == (
+            slot["rank"], slot["host"], slot["node"], slot["local_rank"], 4)  # fmt: skip
+    assert leftovers(job_dir) == []
+
+
+@pytest.mark.image
+def test_a_failing_rank_ends_every_container_and_leaves_nothing(image, tmp_path):
+    result, job_dir = docker_job(image, tmp_path, "train.steps=100000", "train.fail_at_step=20", "train.fail_rank=3",
+                                 wait=False)  # fmt: skip
+    try:
+        wait_for_line(job_dir / "rank_00003.log", "train.fail_at_step=20 on rank 3", timeout=180)
+        # Liveness, generous on a loaded machine: fail-fast ends the job in seconds, while the
+        # other ranks alone would train on for 100,000 steps. How fast: the closing note's figures.
+        wait_until(lambda: local_state(job_dir.name, job_dir, "docker") != "RUNNING", 120, "the job to end")
+    finally:
+        if local_state(job_dir.name, job_dir, "docker") == "RUNNING":
+            cancel(job_dir)
+    code, report = logs_json(job_dir)
+    first = report["first_failure"]
+    assert code.returncode == 1 and (first["rank"], first["node"], first["host"]) == (3, 1, "node1")
+    assert "DeliberateFailure" in first["error"]
+    assert "ending the step (kill-on-bad-exit)" in (job_dir / "controller.log").read_text()
+    assert leftovers(job_dir) == []
+
+
+@pytest.mark.image
+def test_status_snapshot_and_cancel_reach_into_the_containers(image, tmp_path):
+    _, job_dir = docker_job(image, tmp_path, "train.steps=100000", "train.log_every=5", wait=False)
+    try:
+        for rank in range(4):
+            wait_for_step(job_dir, rank, 5, timeout=180)
+        status = run_module("cluster", "status", str(job_dir), "--json")
+        assert json.loads(status.stdout)["state"] == "RUNNING"
+        snapshot = run_module("cluster", "snapshot", str(job_dir), "--json", "--timeout=60")
+        assert snapshot.returncode == 0, snapshot.stderr
+        assert json.loads(snapshot.stdout)["missing"] == []  # every rank in both containers answered
+    finally:
+        cancel(job_dir)
+    assert json.loads(run_module("cluster", "status", str(job_dir), "--json").stdout)["state"] == "ENDED"
+    assert leftovers(job_dir) == []
+
+
+@pytest.mark.image
+def test_your_own_script_runs_in_the_node_containers_under_torchrun_after_preflight(image, tmp_path):
+    args = json.dumps(["--steps", "30", "--log-every", "10"])
+    result, info = submit("jobs/cnn.yaml", tmp_path, *TWO_BY_TWO, f"container.image={image}", f"program.args={args}",
+                          "program.launcher=torchrun", "preflight=true")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    job_dir = Path(info["log_dir"])
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and [r["last_step"] for r in report["ranks"]] == [30] * 4
+    assert [r["host"] for r in report["ranks"]] == ["node0", "node0", "node1", "node1"]
+    assert "preflight OK" in (job_dir / "preflight_00000.log").read_text()
+    assert (job_dir / "node_00001.log").exists() and leftovers(job_dir) == []
+
+
+@pytest.mark.image
+def test_an_image_the_engine_lacks_exits_2_saying_how_to_build_it(image, tmp_path):
+    result = run_module(
+        "cluster", "submit", SPEC, *TWO_BY_TWO, "container.image=kit-missing:none", f"log_dir={tmp_path}"
+    )
+    assert result.returncode == 2 and "container.image" in result.stderr and "make build" in result.stderr
+    assert not any(tmp_path.iterdir())
