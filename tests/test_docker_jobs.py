@@ -7,6 +7,9 @@ and nothing left behind.
 """
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from cluster.plan import make_plan
 from cluster.poll import wait_until
 from cluster.spec import JobSpec
 from cluster.submit import local_state
-from tests.conftest import docker_engine, run_module
+from tests.conftest import ROOT, docker_engine, run_module
 from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line, wait_for_step
 from train.config import ConfigError, load
 from train.protocol import read_records
@@ -200,3 +203,14 @@ def test_an_image_the_engine_lacks_exits_2_saying_how_to_build_it(image, tmp_pat
     )
     assert result.returncode == 2 and "container.image" in result.stderr and "make build" in result.stderr
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.image
+def test_make_docker_run_takes_the_sdk_path_where_an_engine_answers(image, tmp_path):
+    env = {**os.environ, "IMAGE": image, "PY": sys.executable}
+    done = subprocess.run(["docker/run.sh", "train.steps=20", f"log_dir={tmp_path}"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "4 rank(s) on docker" in done.stdout and "world size 4: 4 completed" in done.stdout
+    (job_dir,) = (tmp_path / "docker").iterdir()
+    assert leftovers(job_dir) == []
