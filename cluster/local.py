@@ -207,6 +207,9 @@ def main(argv: list[str]) -> int:
         controller = Controller(launch)
     try:
         code = controller.run()
+    except Exception as exc:  # the engine refused a container (a GPU it cannot give, ...): said, not raised
+        controller.say(f"the job could not go on: {type(exc).__name__}: {exc}")
+        code = 1
     finally:
         controller.clean_up()
     controller.say(f"job ended: exit {code}")

@@ -1,5 +1,6 @@
 """Submission, thin: SLURM jobs are ``sbatch`` of the rendered request, local jobs run under
-the local launcher (``cluster.local``); job ids, status, cancel and signals.
+the local launcher (``cluster.local``), docker jobs as node containers that its controller
+watches (``cluster.containers``); job ids, status, cancel and signals.
 
 SLURM's own commands answer status and cancel (``squeue``/``scontrol``/``scancel``), since
 ``sacct`` needs slurmdbd, which many clusters (and the test minicluster) lack.
@@ -229,11 +230,12 @@ def cancel(cluster: str, job_id: str, job_dir: Path | None, grace_s: float, say:
     if cluster == "docker":  # the controller stops and removes the containers; what is left, we do
         if controller_alive(job_id):
             os.kill(int(job_id), signal.SIGTERM)
-        try:
-            wait_until(lambda: local_state(job_id, job_dir, cluster) != "RUNNING", grace_s, f"job {job_id} to end", 0.5)
-        except WaitTimeout:
-            say(f"job {job_id} still running {grace_s:g} s after SIGTERM: removing its containers")
-            containers.cancel(job_dir, say)
+            try:
+                wait_until(lambda: local_state(job_id, job_dir, cluster) != "RUNNING", grace_s, f"job {job_id}", 0.5)
+                return
+            except WaitTimeout:
+                say(f"job {job_id} still running {grace_s:g} s after SIGTERM: removing its containers")
+        containers.cancel(job_dir, say)  # also when its controller died: the containers are the job
         return
     subprocess.run(["scancel", job_id], check=True)
     try:
