@@ -26,6 +26,9 @@ from train.protocol import read_records
 
 SPEC = "jobs/multi_node.yaml"
 TWO_BY_TWO = ["cluster=docker", "nodes=2", "tasks_per_node=2", "gpus_per_node=0"]
+# multi_node.yaml's 8 threads per rank suit a GPU node's CPUs; 4 ranks x 8 threads on CI's 2
+# cores thrash (100 steps: 103 s beside `yes`). The containers and files are the same with 1.
+ONE_THREAD = "env.OMP_NUM_THREADS=1"
 
 
 def spec_of(*overrides: str) -> JobSpec:
@@ -131,7 +134,7 @@ def docker_job(image: str, tmp_path: Path, *overrides: str, wait: bool = True):
 
 @pytest.mark.image
 def test_two_node_containers_train_to_the_end_as_planned(image, tmp_path):
-    result, job_dir = docker_job(image, tmp_path, "train.steps=100")
+    result, job_dir = docker_job(image, tmp_path, "train.steps=100", ONE_THREAD)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert sorted(p.name for p in job_dir.glob("rank_*.log")) == [f"rank_{r:05d}.log" for r in range(4)]
     code, report = logs_json(job_dir)
@@ -148,7 +151,7 @@ def test_two_node_containers_train_to_the_end_as_planned(image, tmp_path):
 @pytest.mark.image
 def test_a_failing_rank_ends_every_container_and_leaves_nothing(image, tmp_path):
     result, job_dir = docker_job(image, tmp_path, "train.steps=100000", "train.fail_at_step=20", "train.fail_rank=3",
-                                 wait=False)  # fmt: skip
+                                 ONE_THREAD, wait=False)  # fmt: skip
     try:
         wait_for_line(job_dir / "rank_00003.log", "train.fail_at_step=20 on rank 3", timeout=180)
         # Liveness, generous on a loaded machine: fail-fast ends the job in seconds, while the
@@ -167,7 +170,7 @@ def test_a_failing_rank_ends_every_container_and_leaves_nothing(image, tmp_path)
 
 @pytest.mark.image
 def test_status_snapshot_and_cancel_reach_into_the_containers(image, tmp_path):
-    _, job_dir = docker_job(image, tmp_path, "train.steps=100000", "train.log_every=5", wait=False)
+    _, job_dir = docker_job(image, tmp_path, "train.steps=100000", "train.log_every=5", ONE_THREAD, wait=False)
     try:
         for rank in range(4):
             wait_for_step(job_dir, rank, 5, timeout=180)
