@@ -119,7 +119,11 @@ def main() -> None:
             print(f"step {done}/{args.steps} loss {loss.item():.4f}", flush=True)
         if args.ckpt and rank == 0 and (done % args.ckpt_every == 0 or done == args.steps):
             save(args.ckpt, done, model, optimizer)
-        if done % args.log_every == 0 and world > 1:  # every rank stops at the same step
+        # The signal reaches the nodes at different moments: the ranks agree on it at the same
+        # steps only, and all stop there (one that stopped alone would leave the others waiting).
+        if done % args.log_every:
+            continue
+        if world > 1:
             flag = torch.tensor([float(bool(stop))], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             stop = [True] if flag.item() else []
