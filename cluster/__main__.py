@@ -120,7 +120,7 @@ def cmd_submit(args) -> int:
 
             print("\n# --- what cluster=docker would create through the Docker SDK (nothing was started) ---")
             print("# $JOB_DIR is runs/<name>/<job id>; the job id is the pid of the controller on this machine")
-            print("\n".join(describe(spec, plan, python)))
+            print("\n".join(describe(spec, plan, request, python)))
             print("# --- what each node's launcher runs for its tasks ---")
             for step in request.steps:
                 print(f"# step {step.name}: {step.tasks_per_node} task(s) per node")

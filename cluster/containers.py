@@ -14,15 +14,18 @@ container nor the network outlives the job.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
 
+from cluster import paths
 from cluster.local import KILL_WAIT_S, Controller
 from cluster.plan import Plan
 from cluster.poll import WaitTimeout, wait_until
+from cluster.request import Request
 from cluster.spec import JobSpec
 from train.config import ConfigError
 
@@ -146,14 +149,12 @@ def step_command(config: dict, step: str) -> list[str]:
     return [step if word == "STEP" else word for word in config["command"]]
 
 
-def describe(spec: JobSpec, plan: Plan, python: str) -> list[str]:
+def describe(spec: JobSpec, plan: Plan, request: Request, python: str) -> list[str]:
     """What cluster=docker would run, with $JOB_DIR and $JOB_ID for what submission decides."""
-    from cluster.request import make_request
-
     configs = container_configs(spec, plan, Path("$JOB_DIR"), "$JOB_ID", python, os.getcwd(), user_ids())
     network = network_name(spec, "$JOB_ID")
     lines = [shlex.join(["docker", "network", "create", f"--label={LABEL}=$JOB_DIR", network])]
-    for step in make_request(spec, plan, python).steps:
+    for step in request.steps:
         lines.append(f"# step {step.name}: one container per node, started together; each runs its node's tasks")
         lines += [docker_run_line(c, network, step.name) for c in configs]
     return lines
@@ -278,8 +279,9 @@ def cancel(job_dir: Path, say) -> None:
     remove_job(engine(), job_dir, say)
 
 
-def signal_ranks(job_dir: Path, pids_by_host: dict[str, list[int]], python: str, sig: int) -> None:
+def signal_ranks(job_dir: Path, pids_by_host: dict[str, list[int]], sig: int) -> None:
     """Send ``sig`` to ranks inside the job's containers: their pids are the containers' own."""
+    python = json.loads((job_dir / paths.LAUNCH).read_text())["python"]
     kill = "import os, sys; [os.kill(int(p), int(sys.argv[1])) for p in sys.argv[2:]]"
     containers, _ = job_objects(engine(), job_dir)
     for container in containers:

@@ -49,7 +49,7 @@ class Submitted:
     cluster: str
 
     def done(self) -> bool:
-        if self.cluster in ("local", "docker"):  # every process or container of it, not only the controller
+        if self.cluster != "slurm":  # every process or container of it, not only the controller
             return local_state(self.job_id, self.log_dir, self.cluster) != "RUNNING"
         return slurm_ended(slurm_state(self.job_id))
 
@@ -250,8 +250,7 @@ def signal_ranks(cluster: str, job_dir: Path, pids_by_host: dict[str, list[int]]
     (scancel leaves the batch shell alone), locally to the ranks' processes, in containers to
     the ranks' processes there (pids as each container sees them)."""
     if cluster == "docker":
-        python = json.loads((job_dir / paths.LAUNCH).read_text())["python"]
-        containers.signal_ranks(job_dir, pids_by_host, python, sig)
+        containers.signal_ranks(job_dir, pids_by_host, sig)
     elif cluster == "local":
         for pid in (p for pids in pids_by_host.values() for p in pids):
             with contextlib.suppress(ProcessLookupError):

@@ -128,7 +128,8 @@ def docker_objects(under: Path) -> list:
         return []
     mine = lambda labels: (labels or {}).get(LABEL, "").startswith(str(under))  # noqa: E731
     containers = [c for c in client.containers.list(all=True, filters={"label": LABEL}) if mine(c.labels)]
-    return containers + [n for n in client.networks.list(filters={"label": LABEL}) if mine(n.attrs.get("Labels"))]
+    networks = [n for n in client.networks.list(filters={"label": LABEL}) if mine(n.attrs.get("Labels"))]
+    return containers + networks  # containers first: a network is removed once they are gone
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -155,6 +156,6 @@ def pytest_sessionfinish(session, exitstatus):
         subprocess.run(["scancel", line.split()[0]], check=False)
     for obj in containers:
         say(f"  {type(obj).__name__.lower()} {obj.name}")
-        obj.remove(**({"force": True} if hasattr(obj, "stop") else {}))
+        obj.remove(**({"force": True} if type(obj).__name__ == "Container" else {}))  # a running one too
     kill_after(survivors, 0, say)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
