@@ -145,6 +145,10 @@ def recorded_request(job_id: str) -> tuple[dict, list[str]]:
     from cluster.submit import slurm_job
 
     fields = {k: v.replace(f"-{job_id}.", "-<id>.") for k, v in slurm_job(job_id).items() if k in REQUEST_FIELDS}
+    # A pending job shows its node count as a range ("2-2"), a started one as the count it got
+    # ("2"): the submitted job may start while the held one waits (seen in CI).
+    low, _, high = fields["NumNodes"].partition("-")
+    fields["NumNodes"] = low if high in ("", low) else fields["NumNodes"]
     script = subprocess.run(["scontrol", "write", "batch_script", job_id, "-"], capture_output=True, text=True)
     return fields, [line for line in script.stdout.splitlines() if line.startswith("#SBATCH")]
 
@@ -257,8 +261,12 @@ def final_params(ckpt) -> dict:
 
 def start_again(job_id: str) -> None:
     """A requeued job waits about two minutes before it may start; start it now, or rather
-    in 2 s: relaunched within the second its previous attempt was killed, slurmd refuses it
-    ("Killing non-startable batch job: Job credential revoked", seen here)."""
+    2 s after the last step of its previous attempt has ended on every node (all the
+    minicluster's nodes are this machine). Relaunched within the second its previous attempt
+    was killed, slurmd refuses it ("Killing non-startable batch job: Job credential revoked",
+    seen here) and the job ends CANCELLED with no second attempt (seen once in a CI run)."""
+    steps = ["pgrep", "-f", rf"slurmstepd: \[{job_id}\."]
+    wait_until(lambda: subprocess.run(steps).returncode == 1, 120, f"the steps of job {job_id}'s first attempt to end")
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"], check=True)
 
 
