@@ -27,7 +27,7 @@ plan: $(VENV)/.installed
 logs: $(VENV)/.installed  ## make logs JOB=<job id or runs/NAME/ID>
 	$(PY) -m cluster logs $(JOB) $(ARGS)
 
-minicluster:  ## a real SLURM cluster on this machine: 2 nodes x 4 fake GPUs (root; installs slurm-wlm)
+minicluster:  ## a real SLURM cluster on this machine: 3 nodes x 4 fake GPUs (root; installs slurm-wlm)
 	$(PYTHON) -m cluster.minicluster start
 
 minicluster-stop:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cluster.spec import JobSpec
 from train.config import ConfigError, apply_overrides, help_text, load, read_yaml
+from train.protocol import DETERMINISTIC_EXIT
 
 EXAMPLES = """examples:
   python -m cluster plan jobs/multi_node.yaml nodes=4 --json
@@ -164,6 +165,8 @@ def cmd_submit(args) -> int:
     report = inspect(done.log_dir, running=False)
     if not args.json:
         print(format_report(report))
+    if report.attempts and report.attempts[-1]["verdict"] == "deterministic":
+        return DETERMINISTIC_EXIT
     return 1 if report.failed or report.completed < report.world_size else 0
 
 
@@ -208,10 +211,19 @@ def cmd_status(args) -> int:
     else:
         fields = submit.slurm_job(job_dir.name)
         state, reason = fields.get("JobState"), submit.pending_reason(fields)
+    status = {"job_id": job_dir.name, "state": state, "reason": reason, "log_dir": str(job_dir)}
+    if plan.get("restarts"):
+        from cluster.attempts import restarts_used, summary
+
+        used = restarts_used(summary(job_dir))
+        status["restarts"] = {"allowed": plan["restarts"], "used": used, "left": plan["restarts"] - used}
     if args.json:
-        print(json.dumps({"job_id": job_dir.name, "state": state, "reason": reason, "log_dir": str(job_dir)}))
+        print(json.dumps(status))
     else:
         print(f"{state}: {reason}" if reason else state)
+        if "restarts" in status:
+            r = status["restarts"]
+            print(f"restarts: {r['used']} used, {r['left']} left (of {r['allowed']})")
     return 0
 
 
@@ -340,7 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
     p.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
-    p.add_argument("--wait", action="store_true", help="wait for the end; exit 1 if any rank failed")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the end; exit 1 if any rank failed, 87 for a deterministic failure (restarts: not restarted)",
+    )
     p.set_defaults(func=cmd_submit)
     for name, func, help in [
         ("status", cmd_status, "the scheduler's state of a job"),

@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 
 from cluster import paths, stacks
+from cluster.attempts import format_attempts, restarts_used, summary
 from cluster.stacks import CASCADE, LIBRARY_PATH, compress, stack_in
 from train.protocol import STAMP_LENGTH, log_name, read_records, record_name, strip_stamp
 
@@ -87,6 +88,8 @@ class Report:
     running: bool
     hang: dict | None = None
     flight_recorder: dict | None = None
+    attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.attempts.summary
+    restarts: int = 0
 
     @property
     def completed(self) -> int:
@@ -113,6 +116,8 @@ class Report:
             "stragglers": self.stragglers,
             "hang": self.hang,
             "flight_recorder": self.flight_recorder,
+            "attempts": self.attempts,
+            "restarts": {"allowed": self.restarts, "used": restarts_used(self.attempts)},
         }
 
 
@@ -292,7 +297,10 @@ def inspect(
     first, cascade = triage(reports, hang)
     stragglers = find_stragglers(reports, straggler_margin)
     recorder = stacks.flight_recorder(job_dir)
-    return Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder)
+    attempts = summary(job_dir) if paths.ATTEMPTS in names else []
+    report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder, attempts)
+    report.restarts = (plan or {}).get("restarts", 0)
+    return report
 
 
 def rank_reports(
@@ -542,6 +550,9 @@ def format_report(report: Report, limit: int = 64) -> str:
         lines.append(
             f"stragglers (median step time > median of all ranks + margin): ranks {compress(report.stragglers)}"
         )
+    if report.attempts:
+        last = "completed" if report.completed == report.world_size else "running" if report.running else "ended"
+        lines += ["", *format_attempts(report.attempts, report.restarts, last)]
     return "\n".join(lines)
 
 

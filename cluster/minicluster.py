@@ -1,4 +1,4 @@
-"""A real SLURM cluster on this machine: one controller, 2 slurmd "nodes" with 4 fake GPUs each.
+"""A real SLURM cluster on this machine: one controller, 3 slurmd "nodes" with 4 fake GPUs each.
 
 ``python -m cluster.minicluster start|stop|status`` (``make minicluster``). Idempotent:
 ``start`` on a running cluster only checks it. Needs root; installs Debian's slurm-wlm and
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-NODES = ("n1", "n2")
+NODES = ("n1", "n2", "n3")  # three: a 2-node job with a spare (spec.spare_nodes) fits
 GPUS_PER_NODE = 4
 CPUS_PER_NODE = 4
 STATE = Path("/var/tmp/kit-minicluster")
@@ -90,8 +90,11 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def write_config() -> None:
+def write_config() -> bool:
+    """Write the configuration; True when it changed (the daemons must start again to read it)."""
     CONF_DIR.mkdir(parents=True, exist_ok=True)
+    conf = CONF_DIR / "slurm.conf"
+    before = conf.read_text() if conf.exists() else ""
     for sub in ("state", "spool"):
         (STATE / sub).mkdir(parents=True, exist_ok=True)
     files = {
@@ -106,6 +109,7 @@ def write_config() -> None:
     if missing:  # node names must resolve, or MASTER_ADDR taken from the node list would not
         with hosts.open("a") as f:
             f.write(f"127.0.0.1 {' '.join(missing)}\n")
+    return conf.read_text() != before
 
 
 def start_munge() -> None:
@@ -135,7 +139,9 @@ def start(timeout_s: float = 60) -> None:
         say("already up: " + ", ".join(NODES))
         return
     install()
-    write_config()
+    if write_config() and run("pgrep", "-f", "slurmctld", check=False).returncode == 0:
+        say("configuration changed (nodes): restarting the daemons")
+        stop()
     start_munge()
     if run("scontrol", "ping", check=False).stdout.count("UP") == 0:
         run("slurmctld")

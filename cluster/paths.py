@@ -5,6 +5,7 @@
     plan.json  job.sbatch  spec.yaml       what was planned and submitted (job.sbatch: what sbatch got)
     launch.json  controller.log            cluster=local: the launcher's steps and its account
     train.yaml                             the training configuration every rank got
+    attempts.jsonl                         restarts: each attempt's nodes, its end, the node excluded
     rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
     node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
     rank_00003.attempt1.log                the same rank after the first requeue
@@ -25,8 +26,9 @@ CONTROLLER_LOG = "controller.log"  # cluster=local: the local launcher's account
 SCRIPT = "job.sbatch"
 SPEC = "spec.yaml"
 TRAIN_CONFIG = "train.yaml"
+ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
 # srun's per-task output pattern: %5t is the task id zero-padded to 5, as log_name() writes it;
-# ATTEMPT_SUFFIX is set by the rendered script from SLURM_RESTART_COUNT.
+# ATTEMPT_SUFFIX is set by the rendered script from SLURM_RESTART_COUNT (or the restart loop's attempt).
 SRUN_RANK_LOG = "rank_%5t${ATTEMPT_SUFFIX}.log"
 SRUN_PREFLIGHT_LOG = "preflight_%5t.log"  # as protocol.preflight_log_name() writes it
 # program.launcher=torchrun: the torchrun agent of node 3 (its workers write rank logs themselves)

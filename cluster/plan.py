@@ -74,7 +74,8 @@ def plan_record(spec: JobSpec, plan: Plan) -> dict:
     if spec.program is not None:
         p = spec.program
         program = {"kind": p.kind, "target": p.target, "launcher": p.launcher, "require_progress": p.require_progress}
-    return {"name": spec.name, "cluster": spec.cluster, "program": program, **plan.to_json()}
+    restarts = {"restarts": spec.restarts, "spare_nodes": spec.spare_nodes} if spec.restarts else {}
+    return {"name": spec.name, "cluster": spec.cluster, "program": program, **restarts, **plan.to_json()}
 
 
 def gpus_per_task(spec: JobSpec) -> int:

@@ -17,7 +17,7 @@ from cluster import paths
 from cluster.plan import Plan, plan_record
 from cluster.request import Request
 from cluster.spec import JobSpec
-from train.protocol import PORT_BASE, PORT_SPAN
+from train.protocol import ATTEMPT_VAR, DETERMINISTIC_EXIT, PORT_BASE, PORT_SPAN
 
 
 def _q(word: str) -> str:
@@ -82,11 +82,51 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str
     plan_json = json.dumps(plan_record(spec, plan), separators=(",", ":"))
     lines += ["", "# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{paths.PLAN}\" <<'PLAN_JSON'"]
     lines += [plan_json, "PLAN_JSON"]
+    if request.restarts:
+        lines += ["", *attempts_start(spec, request)]
     for step in request.steps:
         srun = ["srun", *request.srun, *step.srun, f"--output=$JOB_DIR/{step.output}"]
         comment = {
             "preflight": "# Preflight: every rank joins, collectives verified, bus bandwidth measured.",
             "train": "# The ranks." if request.launcher == "per_task" else "# One torchrun agent per node.",
         }[step.name]
-        lines += ["", comment, " \\\n  ".join([*(_q(w) for w in srun), " ".join(_q(w) for w in step.command)])]
+        command = " \\\n  ".join([*(_q(w) for w in srun), " ".join(_q(w) for w in step.command)])
+        if step.name == "train" and request.restarts:
+            lines += ["", comment, *attempts_loop(request, command)]
+        else:
+            lines += ["", comment, command]
     return "\n".join(lines) + "\n"
+
+
+def attempts_start(spec: JobSpec, request: Request) -> list[str]:
+    """spec.restarts: the first attempt's number and nodes, from cluster.attempts."""
+    helper = " ".join(_q(w) for w in request.attempts)
+    spares = f", {spec.spare_nodes} spare node(s) standing by" if spec.spare_nodes else ""
+    return [
+        f"# Restarts (up to {request.restarts}{spares}): each attempt runs on {spec.nodes} node(s) of the",
+        "# allocation that the kit has not excluded. After a failure, cluster.attempts triages it",
+        f"# (the first failure's rank and node), records it in $JOB_DIR/{paths.ATTEMPTS} and prints the next",
+        f"# attempt's number and nodes; or it ends the job (exit {DETERMINISTIC_EXIT}: a deterministic failure).",
+        f'NEXT="$({helper} start "$JOB_DIR")"',
+        'ATTEMPT_NODES="${NEXT#* }"',
+    ]
+
+
+def attempts_loop(request: Request, srun: str) -> list[str]:
+    helper = " ".join(_q(w) for w in request.attempts)
+    body = [
+        'ATTEMPT="${NEXT%% *}"',
+        'ATTEMPT_NODES="${NEXT#* }"',
+        f'export {ATTEMPT_VAR}="$ATTEMPT"',
+        'ATTEMPT_SUFFIX=""',
+        'if [ "$ATTEMPT" != 0 ]; then ATTEMPT_SUFFIX=".attempt$ATTEMPT"; fi',
+    ]
+    if request.uses_rendezvous_variables:
+        body.append('MASTER_ADDR="${ATTEMPT_NODES%%,*}"')
+    body += [
+        "STATUS=0",
+        srun + " || STATUS=$?",
+        'if [ "$STATUS" = 0 ]; then break; fi',
+        f'NEXT="$({helper} next "$JOB_DIR" --exit-code "$STATUS")" || exit $?',
+    ]
+    return ["while true; do", *("  " + line.replace("\n", "\n  ") for line in body), "done"]

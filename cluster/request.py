@@ -25,6 +25,8 @@ from cluster.plan import Plan, gpu_binding
 from cluster.spec import JobSpec
 
 VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")
+# spec.restarts: the nodes of the current attempt, which the batch script gets from cluster.attempts
+ATTEMPT_NODES = "$ATTEMPT_NODES"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,8 @@ class Request:
     setup: tuple[str, ...]
     steps: tuple[Step, ...]
     launcher: str  # per_task or torchrun
+    restarts: int = 0  # spec.restarts: the train step runs in a loop of attempts
+    attempts: tuple[str, ...] = ()  # with restarts: the command that starts and ends attempts (cluster.attempts)
 
     @property
     def uses_rendezvous_variables(self) -> bool:
@@ -54,7 +58,7 @@ class Request:
 def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
     opts = [
         f"--job-name={spec.name}",
-        f"--nodes={spec.nodes}",
+        f"--nodes={spec.nodes + spec.spare_nodes}",
         f"--ntasks-per-node={plan.tasks_per_node}",
         f"--cpus-per-task={spec.cpus_per_task}",
         f"--time={spec.time}",
@@ -71,6 +75,8 @@ def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
             opts.append(f"--{key}={getattr(spec, key)}")
     if spec.exclusive:
         opts.append("--exclusive")
+    if spec.restarts:
+        opts.append("--no-kill")  # a node that fails ends the attempt, not the allocation
     opts.append("--requeue" if spec.requeue else "--no-requeue")
     return opts + list(spec.sbatch_extra)
 
@@ -126,17 +132,22 @@ def torchrun(spec: JobSpec, plan: Plan, python: str, worker: list[str]) -> list[
 
 def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = False) -> Request:
     steps = []
+    # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
+    # (srun would take the allocation's task count from the environment: name the step's own.)
+    on_nodes = (f"--nodes={plan.nodes}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
+    per_rank = (*on_nodes, f"--ntasks={plan.world_size}") if spec.restarts else ()
     if spec.preflight or preflight_only:
         check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", "--join-timeout-s=120"])
-        steps.append(Step("preflight", plan.tasks_per_node, (), paths.SRUN_PREFLIGHT_LOG, tuple(check)))
+        steps.append(Step("preflight", plan.tasks_per_node, per_rank, paths.SRUN_PREFLIGHT_LOG, tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":
             agent = torchrun(spec, plan, python, rank_program(spec, python, rank_log=True))
-            srun = (f"--ntasks={plan.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
+            srun = (*on_nodes, f"--ntasks={plan.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
             steps.append(Step("train", 1, srun, paths.SRUN_NODE_LOG, tuple(in_container(spec, agent)), per_rank=False))
         else:
             command = in_container(spec, rank_program(spec, python, rank_log=False))
-            steps.append(Step("train", plan.tasks_per_node, (), paths.SRUN_RANK_LOG, tuple(command)))
+            steps.append(Step("train", plan.tasks_per_node, per_rank, paths.SRUN_RANK_LOG, tuple(command)))
+    attempts = in_container(spec, [python, "-P", "-m", "cluster.attempts"]) if spec.restarts else []
     return Request(
         sbatch=tuple(sbatch_options(spec, plan)),
         srun=tuple(srun_options(spec)),
@@ -144,6 +155,8 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
         setup=tuple(spec.setup),
         steps=tuple(steps),
         launcher=spec.launcher,
+        restarts=spec.restarts,
+        attempts=tuple(attempts),
     )
 
 

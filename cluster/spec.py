@@ -197,6 +197,12 @@ class JobSpec:
     exclusive: bool = False
     signal: str = ""  # e.g. USR1@120: ask SLURM to warn the job before its time limit
     requeue: bool = False
+    # After a failure, start the job again by itself inside the allocation (a new srun step)
+    # from the last checkpoint, up to this many times; 0: the job ends at its first failure.
+    restarts: int = 0
+    # Extra nodes allocated to stand by: each replaces a node the kit excludes after a failure
+    # (the culprit's), so the world size stays as planned.
+    spare_nodes: int = 0
     container: ContainerSpec = field(default_factory=ContainerSpec)
     env: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
@@ -244,7 +250,7 @@ class JobSpec:
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "nodes", "tasks_per_node", "cpus_per_task")
-        require_positive(self, prefix, "gpus_per_node", minimum=0)
+        require_positive(self, prefix, "gpus_per_node", "restarts", "spare_nodes", minimum=0)
         if not SAFE_NAME.match(self.name):
             raise ConfigError(
                 "name", f"{self.name!r} must be letters, digits, '_', '.', '-' (it names files and the job)"
@@ -271,6 +277,17 @@ class JobSpec:
                 "cluster=docker runs every node in container.image: set it (the kit's image: `make build`, "
                 "then container.image=torch-cluster-kit:latest)",
             )
+        for key in ("restarts", "spare_nodes"):
+            if getattr(self, key) and self.cluster != "slurm":
+                raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.cluster}")
+        if self.restarts and self.container.runtime == "pyxis":
+            raise ConfigError(
+                "restarts",
+                "not with container.runtime=pyxis yet: the batch script, which decides each restart, runs "
+                "outside the container (use apptainer, or requeue=true)",
+            )
+        if self.spare_nodes and not self.restarts:
+            raise ConfigError("spare_nodes", "spare nodes stand by for restarts: set restarts too (restarts=N)")
         if self.cluster == "local" and self.nodes != 1:
             raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {self.nodes}")
 

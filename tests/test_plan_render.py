@@ -94,6 +94,10 @@ BAD = [
     (["parallel.strategy=fsd"], "parallel.strategy"),
     (["train.batch_size=60", "nodes=1", "gpus_per_node=8"], "train.batch_size"),
     (["cluster=local", "nodes=2"], "nodes"),
+    (["restarts=-1"], "restarts"),
+    (["spare_nodes=1"], "spare_nodes"),
+    (["cluster=local", "nodes=1", "restarts=2"], "restarts"),
+    (["restarts=2", "container.runtime=pyxis", "container.image=kit:latest"], "restarts"),
     (["nodes"], "nodes"),
     (["=3"], "=3"),
 ]
@@ -147,6 +151,8 @@ def golden_cases():
         ("multi_node-apptainer", ROOT / "jobs/multi_node.yaml",
          ["container.runtime=apptainer", "container.image=/images/kit.sif", "container.mounts=[\"/data:/data\"]"]),
         ("cnn-torchrun", ROOT / "jobs/cnn.yaml", ["program.launcher=torchrun"]),
+        ("multi_node-restarts", ROOT / "jobs/multi_node.yaml", ["restarts=3", "spare_nodes=1", "train.ckpt_every=50"]),
+        ("cnn-torchrun-restarts", ROOT / "jobs/cnn.yaml", ["program.launcher=torchrun", "restarts=2", "preflight=true"]),
         ("cnn-module", ROOT / "jobs/cnn.yaml", ["program.script=", "program.module=json.tool", "program.args=[]",
                                                  "program.require_progress=false", "preflight=true"]),
     ]  # fmt: skip

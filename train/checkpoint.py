@@ -25,15 +25,11 @@ import torch.distributed as dist
 
 from train.config import ConfigError
 from train.parallel.common import Trainable
+from train.protocol import LATEST, step_name
 
-LATEST = "latest"
 # DCP warns on every call in a single process ("assuming the intent is to save in a single
 # process"): that is the intent here.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-
-
-def step_name(step: int) -> str:
-    return f"step_{step:07d}"
 
 
 def _barrier() -> None:

@@ -123,12 +123,23 @@ class TrainConfig:
     hang_rank: int = 0
     extra_collective_rank: int | None = None
     extra_collective_at_step: int = 1
+    # Only in this attempt of a job that restarts (0: the first), like a node's fault that a
+    # restart on another node does not meet again; null: in every attempt, like a bug.
+    fault_attempt: int | None = None
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "steps", "batch_size", "grad_accum", "log_every", "eval_every")
         require_positive(self, prefix, "extra_collective_at_step")
         require_positive(
-            self, prefix, "ckpt_every", "fail_rank", "hang_rank", "extra_collective_rank", "stall_timeout_s", minimum=0
+            self,
+            prefix,
+            "ckpt_every",
+            "fail_rank",
+            "hang_rank",
+            "extra_collective_rank",
+            "stall_timeout_s",
+            "fault_attempt",
+            minimum=0,
         )
         if self.timeout_s <= 0:
             raise ConfigError(f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s!r}")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from train.protocol import master_port_for_job
+from train.protocol import ATTEMPT_VAR, master_port_for_job
 
 # Raw launcher variables kept in each rank's start record, so a run can be checked
 # against the plan (which task ran where, with which GPUs).
@@ -25,6 +25,7 @@ RECORDED_VARS = (
     "SLURM_NODEID",
     "SLURMD_NODENAME",
     "SLURM_RESTART_COUNT",
+    ATTEMPT_VAR,
     "CUDA_VISIBLE_DEVICES",
     "KIT_JOB_ID",
     "RANK",
@@ -188,7 +189,7 @@ def from_environ(env: Mapping[str, str] | None = None, device: str | None = "aut
         device=dev,
         launcher=launcher,
         job_id=str(job_id),
-        restart=int(get("SLURM_RESTART_COUNT", 0)),
+        restart=int(get(ATTEMPT_VAR) or get("SLURM_RESTART_COUNT", 0)),
         host=socket.gethostname(),
         launcher_vars=tuple((k, env[k]) for k in RECORDED_VARS if k in env),
     )

@@ -31,8 +31,10 @@ def extra_collective(step: int, rank: int, device: torch.device) -> None:
     dist.all_reduce(torch.zeros(3, 3, device=device))
 
 
-def inject(t: TrainConfig, step: int, rank: int, device: torch.device) -> None:
+def inject(t: TrainConfig, step: int, rank: int, device: torch.device, attempt: int = 0) -> None:
     """At the start of ``step``: the failure this rank was asked to make, if any."""
+    if t.fault_attempt is not None and attempt != t.fault_attempt:
+        return
     if step == t.fail_at_step and rank == t.fail_rank:
         raise DeliberateFailure(f"train.fail_at_step={step} on rank {rank}")
     if step == t.hang_at_step and rank == t.hang_rank:

@@ -24,7 +24,7 @@ from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
 from train.preempt import PreemptFlag
-from train.protocol import RecordWriter
+from train.protocol import CHECKPOINTS, RecordWriter
 
 
 def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
@@ -164,7 +164,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
         f"device {ctx.device} | {parameter_count(cfg.model):,} parameters"
     )
-    ckpt_dir = Path(t.run_dir) / "checkpoints"
+    ckpt_dir = Path(t.run_dir) / CHECKPOINTS
     start = 0
     if t.ckpt_every and (resume := checkpoint.latest(ckpt_dir)) is not None:
         saved_world = checkpoint.saved_world_size(resume)
@@ -185,7 +185,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     watchdog.start()
     try:
         for step in range(start + 1, t.steps + 1):
-            faults.inject(t, step, env.rank, ctx.device)
+            faults.inject(t, step, env.rank, ctx.device, env.restart)
             for micro in range(t.grad_accum):
                 x, y = loader.get(sampler.indices(step - 1, micro))
                 inner = micro < t.grad_accum - 1
@@ -203,6 +203,8 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             optimizer.zero_grad(set_to_none=True)
             progress.step_done()
             watchdog.progress()
+            if step == start + 1:  # when this attempt began to train (cluster logs: time to recover)
+                writer.write("first_step", step=step)
             last = step == t.steps
             if t.ckpt_every and (step % t.ckpt_every == 0 or last):
                 checkpoint.save(ckpt_dir, step, trainable, scaler, layout)

@@ -10,7 +10,8 @@ Files, in the job directory (``cluster/paths.py`` has the whole layout):
     rank_00003.jsonl               its JSON records, one object per line
 Records: ``start`` (who and where: env, pid), ``step`` (one per log interval: STEP_FIELDS; the
 last of a finished built-in run has ``final: true``), ``end`` (a user's program returned:
-``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints).
+``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
+first optimizer step of an attempt: a user's program's first ``step`` record says the same).
 Signals: SIGTERM and fatal signals dump every thread's stack (faulthandler) and end the rank;
 DUMP_SIGNAL dumps and carries on (``cluster snapshot``); PREEMPT_SIGNAL asks for a checkpoint.
 """
@@ -44,6 +45,15 @@ def master_port_for_job(job_id: str | int) -> int:
     return PORT_BASE + int(digits) % PORT_SPAN
 
 
+# ----------------------------------------------------------------------------- attempts
+# The attempt a rank belongs to when the job restarts itself inside its allocation (spec
+# `restarts`); a requeued job's attempt is SLURM_RESTART_COUNT. It names the attempt's logs.
+ATTEMPT_VAR = "KIT_ATTEMPT"
+# The job's exit code when a failure is judged deterministic (the same error at the same step
+# after a restart, a bad configuration, an import error) and is therefore not restarted: a
+# scheduler wrapper or a person can tell "do not retry" from any rank's own exit code.
+DETERMINISTIC_EXIT = 87
+
 # ----------------------------------------------------------------------------- timestamps
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
 STAMP_LENGTH = len("2026-01-01T00:00:00.000 ")
@@ -64,6 +74,23 @@ def strip_stamp(line: str) -> str:
 FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
 
 STEP_FIELDS = ("step", "train_loss", "test_loss", "test_acc", "step_ms", "samples_per_s", "rank")
+
+
+# The built-in trainer's checkpoints: <run dir>/checkpoints/step_NNNNNNN/, and a "latest" file
+# naming the newest complete one (written last, atomically).
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+def latest_checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the newest complete checkpoint in a run directory; None without one."""
+    pointer = Path(run_dir) / CHECKPOINTS / LATEST
+    name = pointer.read_text().strip() if pointer.exists() else ""
+    return int(name.removeprefix("step_")) if re.fullmatch(r"step_\d+", name) else None
 
 
 def record_name(rank: int) -> str:

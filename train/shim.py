@@ -55,6 +55,7 @@ class StepProgress:
         self.steps += 1
         if self.steps == 1:
             self.watchdog.start()  # from the first step: start-up (data, compilation) is not a stall
+            self.writer.write("first_step", step=1)
             self.write()
         else:
             self.watchdog.progress()

@@ -1,0 +1,258 @@
+"""Restarts inside the allocation (spec ``restarts``, ``spare_nodes``): what the batch script
+asks between attempts. It runs on the batch node, in the job's environment.
+
+``python -P -m cluster.attempts start JOB_DIR``
+    the first attempt (or, after a requeue, the next one): prints ``NUMBER NODE,NODE,...``.
+``python -P -m cluster.attempts next JOB_DIR --exit-code N``
+    triages the attempt that just ended (``cluster.logs``: the first failure's rank and node,
+    or a hang's culprit), records it, and prints the next attempt's number and nodes: the
+    culprit's node is replaced by a spare when one is left. Exits instead (the job's exit
+    code) when the failure is deterministic (``DETERMINISTIC_EXIT``) or no restart is left.
+
+Each attempt's start and end go to ``attempts.jsonl`` in the job directory, for
+``cluster logs`` and ``cluster status``: the nodes, why it ended, the culprit, the node
+excluded and why, the step reached and the checkpoint the next attempt resumes from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster import paths
+from train.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step, read_records
+
+# Failures no restart can mend: the program cannot start, or its configuration is wrong.
+NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")
+CONFIG_EXIT = 2  # a rank refused its configuration (the kit's and argparse's bad-input code)
+BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's short states; a trailing * = not responding
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: str  # restart, deterministic, exhausted, no_nodes
+    why: str
+    nodes: tuple[str, ...] = ()  # the next attempt's
+    excluded: tuple[tuple[str, str], ...] = ()  # (node, why) left out from now on
+
+
+def decide(
+    ended: list[dict],
+    failure: dict,
+    exit_code: int,
+    allocation: list[str],
+    nodes: list[str],
+    restarts: int,
+    down: set[str] = frozenset(),
+) -> Decision:
+    """What follows an attempt that failed. Pure.
+
+    ``ended``: the end records of the earlier attempts; ``failure``: this one's (``error``,
+    ``step``, ``node`` of the culprit); ``allocation``: every node of the job, spares included,
+    in SLURM's order; ``nodes``: this attempt's; ``down``: nodes SLURM reports down."""
+    error = failure.get("error") or ""
+    if exit_code == CONFIG_EXIT or NOT_RESTARTABLE.search(error):
+        return Decision("deterministic", f"no restart mends it: {error or f'exit code {exit_code}'}")
+    repeat = [e for e in ended if e.get("error") == error and e.get("step") == failure.get("step") and error]
+    if repeat:
+        return Decision(
+            "deterministic", f"the same error at the same step (step {failure.get('step')}) after a restart"
+        )
+    if len(ended) >= restarts:
+        return Decision("exhausted", f"all {restarts} restart(s) used")
+    excluded = {e_node for e in ended for e_node, _ in e.get("excluded", [])}
+    bad = [(n, "SLURM reports it down") for n in nodes if n in down]
+    culprit = failure.get("node")
+    if culprit and culprit in nodes and culprit not in down:
+        bad.append((culprit, f"the culprit's node: rank {failure.get('rank')}, {error[:120]}"))
+    spares = [n for n in allocation if n not in nodes and n not in excluded and n not in down]
+    keep = [n for n in nodes if n not in {b for b, _ in bad}]
+    if len(keep) + len(spares) < len(nodes):
+        if any(n in down for n in nodes):
+            return Decision("no_nodes", f"node(s) {', '.join(sorted(down & set(nodes)))} down and no spare left")
+        # A crash with no spare to replace its node: the node may well be sound; try it again.
+        return Decision("restart", "no spare node left: restarting on the same nodes", tuple(nodes))
+    chosen = set(keep) | set(spares[: len(nodes) - len(keep)])
+    return Decision("restart", "restarting", tuple(n for n in allocation if n in chosen), tuple(bad))
+
+
+def down_nodes(nodes: list[str]) -> set[str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], capture_output=True, text=True)
+    states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
+    return {n for n, s in states.items() if s.endswith("*") or s.startswith(BAD_NODE_STATES)}
+
+
+def allocation_nodes() -> list[str]:
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def history(job_dir: Path) -> list[dict]:
+    path = job_dir / paths.ATTEMPTS
+    return list(read_records(path)) if path.exists() else []
+
+
+def append(job_dir: Path, record: dict) -> None:
+    with (job_dir / paths.ATTEMPTS).open("a") as f:
+        f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+
+
+def planned_nodes(job_dir: Path) -> tuple[int, int]:
+    """(nodes per attempt, restarts) as planned and submitted."""
+    plan = json.loads((job_dir / paths.PLAN).read_text())
+    return plan["nodes"], plan.get("restarts", 0)
+
+
+def begin(job_dir: Path, number: int, nodes: tuple[str, ...] | list[str]) -> str:
+    append(job_dir, {"event": "start", "attempt": number, "nodes": list(nodes)})
+    return f"{number} {','.join(nodes)}"
+
+
+def start(job_dir: Path) -> str:
+    """The first attempt of this allocation: after a requeue, the numbering goes on and the
+    nodes excluded before stay out where this allocation has others."""
+    records = history(job_dir)
+    count, _ = planned_nodes(job_dir)
+    allocation = allocation_nodes()
+    excluded = {n for r in records if r["event"] == "end" for n, _ in r.get("excluded", [])}
+    usable = [n for n in allocation if n not in excluded]
+    usable = usable if len(usable) >= count else allocation
+    return begin(job_dir, sum(r["event"] == "start" for r in records), usable[:count])
+
+
+def the_failure(job_dir: Path, nodes: list[str]) -> dict:
+    """This attempt's first failure, as ``cluster logs`` names it, with its node's name."""
+    from cluster.logs import inspect
+
+    report = inspect(job_dir, running=False)
+    first = report.first_failure or {}
+    started = any(r.rank == first.get("rank") and r.pid is not None for r in report.ranks)
+    index = first.get("node") if started else None  # a rank that never started names no node
+    steps = [r.last_step for r in report.ranks if r.last_step is not None]
+    return {
+        "rank": first.get("rank"),
+        "node": nodes[index] if isinstance(index, int) and 0 <= index < len(nodes) else None,
+        "error": first.get("error") or "",
+        "failed_at": first.get("time"),
+        "hang": bool(report.hang and report.hang.get("culprits")),
+        "step": max(steps) if steps else None,
+    }
+
+
+def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
+    """(exit code, output): 0 and the next attempt's number and nodes, or the job's exit code."""
+    records = history(job_dir)
+    starts = [r for r in records if r["event"] == "start"]
+    current = starts[-1]
+    ended = [r for r in records if r["event"] == "end"]
+    count, restarts = planned_nodes(job_dir)
+    allocation = allocation_nodes()
+    failure = the_failure(job_dir, current["nodes"])
+    decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down_nodes(allocation))
+    checkpoint = latest_checkpoint_step(job_dir)
+    append(job_dir, {
+        "event": "end", "attempt": current["attempt"], "nodes": current["nodes"], "exit_code": exit_code,
+        **failure, "checkpoint": checkpoint, "verdict": decision.verdict, "why": decision.why,
+        "excluded": [list(pair) for pair in decision.excluded],
+    })  # fmt: skip
+    culprit = f"rank {failure['rank']} on {failure['node']}" if failure["rank"] is not None else "no rank named"
+    say(f"attempt {current['attempt']} failed (exit {exit_code}; {culprit}): {failure['error'][:200]}")
+    if decision.verdict == "deterministic":
+        say(f"deterministic failure: not restarted ({decision.why}); exit {DETERMINISTIC_EXIT}")
+        return DETERMINISTIC_EXIT, ""
+    if decision.verdict != "restart":
+        say(f"not restarted: {decision.why}")
+        return exit_code or 1, ""
+    for node, why in decision.excluded:
+        say(f"excluded {node}: {why}")
+    resume = (
+        f"from checkpoint step {checkpoint}"
+        if checkpoint is not None
+        else "(no kit checkpoint: the program resumes itself)"
+    )
+    say(f"restart {len(ended) + 1} of {restarts} on {','.join(decision.nodes)} {resume}: {decision.why}")
+    return 0, begin(job_dir, current["attempt"] + 1, decision.nodes)
+
+
+def summary(job_dir: Path) -> list[dict]:
+    """Each attempt of a job that restarts itself (empty otherwise): its nodes and, once it
+    failed, its end record with ``recomputed_steps`` (steps done after the checkpoint the next
+    attempt resumes from) and ``recovery_s`` (from the failure to the next attempt's first
+    step on rank 0)."""
+    attempts: list[dict] = []
+    for r in history(job_dir):
+        if r["event"] == "start":
+            attempts.append({"attempt": r["attempt"], "nodes": r["nodes"], "started": r["time"], "verdict": None})
+        elif attempts and r["event"] == "end" and attempts[-1]["attempt"] == r["attempt"]:
+            attempts[-1].update({k: v for k, v in r.items() if k not in ("event", "attempt", "nodes", "time")})
+    if not attempts:
+        return []
+    records = paths.rank_records(job_dir, 0)
+    firsts = [r["time"] for r in read_records(records) if r["event"] == "first_step"] if records.exists() else []
+    for this, following in zip(attempts, attempts[1:]):
+        first = next((t for t in firsts if t > following["started"]), None)
+        if this.get("failed_at") and first:
+            this["recovery_s"] = round(first - this["failed_at"], 1)
+        if this.get("step") is not None:
+            this["recomputed_steps"] = this["step"] - (this.get("checkpoint") or 0)
+    return attempts
+
+
+def restarts_used(attempts: list[dict]) -> int:
+    return sum(a["verdict"] == "restart" for a in attempts)
+
+
+def format_attempts(attempts: list[dict], restarts: int, last: str = "the last one") -> list[str]:
+    """``last``: what became of the attempt that has no end record (completed, running)."""
+    used = restarts_used(attempts)
+    lines = [f"ATTEMPTS: {len(attempts)} ({used} of {restarts} restart(s) used)"]
+    for a in attempts:
+        line = f"  attempt {a['attempt']} on {','.join(a['nodes'])}: "
+        if a["verdict"] is None:
+            lines.append(line + f"{last} (its ranks are above)")
+            continue
+        culprit = f"rank {a['rank']} on {a['node']}" if a.get("rank") is not None else "no rank named"
+        line += f"failed at step {a.get('step', '-')} ({culprit}): {(a.get('error') or '')[:100]}"
+        lines.append(line)
+        for node, why in a.get("excluded", []):
+            lines.append(f"    excluded {node}: {why[:100]}")
+        then = {"restart": "restarted", "deterministic": "deterministic failure: not restarted"}.get(
+            a["verdict"], "not restarted"
+        )
+        extra = []
+        if a.get("recomputed_steps") is not None:
+            extra.append(f"{a['recomputed_steps']} step(s) recomputed since checkpoint {a.get('checkpoint') or 0}")
+        if a.get("recovery_s") is not None:
+            extra.append(f"{a['recovery_s']:g} s from the failure to the next first step")
+        lines.append(f"    {then}: {a.get('why', '')}" + (f"; {'; '.join(extra)}" if extra else ""))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cluster.attempts", description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["start", "next"])
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("--exit-code", type=int, default=1, help="next: the exit code of the attempt that ended")
+    args = parser.parse_args(argv)
+    # What it says goes to the batch script's output (slurm-<id>.log); stdout is the answer.
+    say = lambda text: print(f"cluster.attempts: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.action == "start":
+        print(start(args.job_dir))
+        return 0
+    code, out = next_attempt(args.job_dir, args.exit_code, say)
+    if out:
+        print(out)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

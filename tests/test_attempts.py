@@ -1,0 +1,64 @@
+"""Restarts inside the allocation: the decision after a failed attempt (pure, table-tested)
+and the attempt record that `cluster logs` and `cluster status` show."""
+
+import json
+
+import pytest
+
+from cluster.attempts import Decision, decide, format_attempts, summary
+from train.protocol import record_name
+
+ALLOC = ["n1", "n2", "n3"]
+CRASH = {"rank": 3, "node": "n2", "error": "RuntimeError: boom", "step": 120}
+
+
+def ended(error="RuntimeError: boom", step=120, excluded=()):
+    return {"error": error, "step": step, "excluded": [list(pair) for pair in excluded]}
+
+
+@pytest.mark.parametrize(
+    "history, failure, exit_code, nodes, down, want",
+    [
+        # the culprit's node is replaced by the spare, in the allocation's order
+        ([], CRASH, 1, ["n1", "n2"], set(), ("restart", ("n1", "n3"), ("n2",))),
+        # no spare left: the same nodes again (a crash need not be the node's fault)
+        ([ended("x", 5, [("n2", "")])], CRASH | {"node": "n3"}, 1, ["n1", "n3"], set(), ("restart", ("n1", "n3"), ())),
+        # a node SLURM reports down goes, whoever the culprit
+        ([], CRASH | {"node": None, "rank": None}, 1, ["n1", "n2"], {"n2"}, ("restart", ("n1", "n3"), ("n2",))),
+        # down and nothing to replace it with
+        ([], CRASH, 1, ["n1", "n2"], {"n2", "n3"}, ("no_nodes", (), ())),
+        # the same error at the same step after a restart: a bug, not a node
+        ([ended()], CRASH | {"node": "n3"}, 1, ["n1", "n3"], set(), ("deterministic", (), ())),
+        # the same error at another step: restart again
+        ([ended(step=60, excluded=[("n2", "")])], CRASH | {"node": "n3"}, 1, ["n1", "n3"], set(), ("restart", ("n1", "n3"), ())),
+        # bad configuration (exit 2) and an import error: never restarted
+        ([], CRASH, 2, ["n1", "n2"], set(), ("deterministic", (), ())),
+        ([], CRASH | {"error": "ModuleNotFoundError: No module named 'x'"}, 1, ["n1", "n2"], set(), ("deterministic", (), ())),
+        # every restart used
+        ([ended("a", 1), ended("b", 2)], CRASH, 1, ["n1", "n2"], set(), ("exhausted", (), ())),
+    ],
+)  # fmt: skip
+def test_what_follows_a_failed_attempt(history, failure, exit_code, nodes, down, want):
+    decision = decide(history, failure, exit_code, ALLOC, nodes, restarts=2, down=down)
+    assert isinstance(decision, Decision)
+    assert (decision.verdict, decision.nodes, tuple(n for n, _ in decision.excluded)) == want, decision.why
+
+
+def test_the_attempt_record_counts_recomputed_steps_and_recovery_time(tmp_path):
+    lines = [
+        {"event": "start", "attempt": 0, "nodes": ["n1", "n2"], "time": 100.0},
+        {"event": "end", "attempt": 0, "nodes": ["n1", "n2"], "rank": 3, "node": "n2", "error": "killed",
+         "failed_at": 160.0, "step": 120, "checkpoint": 100, "verdict": "restart", "why": "restarting",
+         "excluded": [["n2", "the culprit's node"]], "time": 161.0},
+        {"event": "start", "attempt": 1, "nodes": ["n1", "n3"], "time": 162.0},
+    ]  # fmt: skip
+    (tmp_path / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    steps = [{"event": "first_step", "step": 1, "time": 101.0}, {"event": "first_step", "step": 101, "time": 170.5}]
+    (tmp_path / record_name(0)).write_text("".join(json.dumps(r) + "\n" for r in steps))
+    attempts = summary(tmp_path)
+    assert [a["attempt"] for a in attempts] == [0, 1]
+    assert attempts[0]["recomputed_steps"] == 20 and attempts[0]["recovery_s"] == 10.5
+    text = "\n".join(format_attempts(attempts, restarts=3))
+    assert "ATTEMPTS: 2 (1 of 3 restart(s) used)" in text
+    assert "excluded n2: the culprit's node" in text and "20 step(s) recomputed since checkpoint 100" in text
+    assert "10.5 s from the failure to the next first step" in text
