@@ -202,8 +202,9 @@ def summary(job_dir: Path) -> list[dict]:
         first = next((t for t in firsts if t > following["started"]), None)
         if this.get("failed_at") and first:
             this["recovery_s"] = round(first - this["failed_at"], 1)
-        if this.get("step") is not None:
-            this["recomputed_steps"] = this["step"] - (this.get("checkpoint") or 0)
+        # The kit knows the built-in trainer's checkpoints only; a program resumes from its own.
+        if this.get("step") is not None and this.get("checkpoint") is not None:
+            this["recomputed_steps"] = this["step"] - this["checkpoint"]
     return attempts
 
 
@@ -230,7 +231,7 @@ def format_attempts(attempts: list[dict], restarts: int, last: str = "the last o
         )
         extra = []
         if a.get("recomputed_steps") is not None:
-            extra.append(f"{a['recomputed_steps']} step(s) recomputed since checkpoint {a.get('checkpoint') or 0}")
+            extra.append(f"{a['recomputed_steps']} step(s) recomputed since checkpoint {a['checkpoint']}")
         if a.get("recovery_s") is not None:
             extra.append(f"{a['recovery_s']:g} s from the failure to the next first step")
         lines.append(f"    {then}: {a.get('why', '')}" + (f"; {'; '.join(extra)}" if extra else ""))
