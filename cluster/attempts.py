@@ -2,12 +2,14 @@
 asks between attempts. It runs on the batch node, in the job's environment.
 
 ``python -P -m cluster.attempts start JOB_DIR``
-    the first attempt (or, after a requeue, the next one): prints ``NUMBER NODE,NODE,...``.
+    the first attempt (or, after a requeue, the next one): prints ``NUMBER COUNT NODE,NODE,...``
+    (the attempt's number, its node count and its nodes).
 ``python -P -m cluster.attempts next JOB_DIR --exit-code N``
     triages the attempt that just ended (``cluster.logs``: the first failure's rank and node,
-    or a hang's culprit), records it, and prints the next attempt's number and nodes: the
-    culprit's node is replaced by a spare when one is left. Exits instead (the job's exit
-    code) when the failure is deterministic (``DETERMINISTIC_EXIT``) or no restart is left.
+    or a hang's culprit), records it, and prints the next attempt the same way: the culprit's
+    node is replaced by a spare when one is left, or left out when ``min_nodes`` allows fewer
+    nodes. Exits instead (the job's exit code) when the failure is deterministic
+    (``DETERMINISTIC_EXIT``) or no restart is left.
 
 Each attempt's start and end go to ``attempts.jsonl`` in the job directory, for
 ``cluster logs`` and ``cluster status``: the nodes, why it ended, the culprit, the node
@@ -51,12 +53,14 @@ def decide(
     nodes: list[str],
     restarts: int,
     down: set[str] = frozenset(),
+    min_nodes: int = 0,
 ) -> Decision:
     """What follows an attempt that failed. Pure.
 
     ``ended``: the end records of the earlier attempts; ``failure``: this one's (``error``,
     ``step``, ``node`` of the culprit); ``allocation``: every node of the job, spares included,
-    in SLURM's order; ``nodes``: this attempt's; ``down``: nodes SLURM reports down."""
+    in SLURM's order; ``nodes``: this attempt's; ``down``: nodes SLURM reports down;
+    ``min_nodes``: the fewest nodes the job may go on with (0: as many as this attempt)."""
     error = failure.get("error") or ""
     if exit_code == CONFIG_EXIT or NOT_RESTARTABLE.search(error):
         return Decision("deterministic", f"no restart mends it: {error or f'exit code {exit_code}'}")
@@ -75,6 +79,12 @@ def decide(
     spares = [n for n in allocation if n not in nodes and n not in excluded and n not in down]
     keep = [n for n in nodes if n not in {b for b, _ in bad}]
     if len(keep) + len(spares) < len(nodes):
+        if min_nodes and len(keep) + len(spares) >= min_nodes:
+            going_on = tuple(n for n in allocation if n in set(keep) | set(spares))
+            return Decision(
+                "restart", f"no spare node left: going on with {len(going_on)} node(s) (min_nodes {min_nodes})",
+                going_on, tuple(bad),
+            )  # fmt: skip
         if any(n in down for n in nodes):
             return Decision("no_nodes", f"node(s) {', '.join(sorted(down & set(nodes)))} down and no spare left")
         # A crash with no spare to replace its node: the node may well be sound; try it again.
@@ -106,26 +116,26 @@ def append(job_dir: Path, record: dict) -> None:
         f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
 
-def planned_nodes(job_dir: Path) -> tuple[int, int]:
-    """(nodes per attempt, restarts) as planned and submitted."""
+def planned_nodes(job_dir: Path) -> tuple[int, int, int]:
+    """(nodes per attempt, restarts, min_nodes) as planned and submitted."""
     plan = json.loads((job_dir / paths.PLAN).read_text())
-    return plan["nodes"], plan.get("restarts", 0)
+    return plan["nodes"], plan.get("restarts", 0), plan.get("min_nodes", plan["nodes"])
 
 
 def begin(job_dir: Path, number: int, nodes: tuple[str, ...] | list[str]) -> str:
     append(job_dir, {"event": "start", "attempt": number, "nodes": list(nodes)})
-    return f"{number} {','.join(nodes)}"
+    return f"{number} {len(nodes)} {','.join(nodes)}"
 
 
 def start(job_dir: Path) -> str:
     """The first attempt of this allocation: after a requeue, the numbering goes on and the
-    nodes excluded before stay out where this allocation has others."""
+    nodes excluded before stay out where this allocation has enough others."""
     records = history(job_dir)
-    count, _ = planned_nodes(job_dir)
+    count, _, min_nodes = planned_nodes(job_dir)
     allocation = allocation_nodes()
     excluded = {n for r in records if r["event"] == "end" for n, _ in r.get("excluded", [])}
     usable = [n for n in allocation if n not in excluded]
-    usable = usable if len(usable) >= count else allocation
+    usable = usable if len(usable) >= min(count, min_nodes) else allocation
     return begin(job_dir, sum(r["event"] == "start" for r in records), usable[:count])
 
 
@@ -154,10 +164,11 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
     starts = [r for r in records if r["event"] == "start"]
     current = starts[-1]
     ended = [r for r in records if r["event"] == "end"]
-    count, restarts = planned_nodes(job_dir)
+    _, restarts, min_nodes = planned_nodes(job_dir)
     allocation = allocation_nodes()
     failure = the_failure(job_dir, current["nodes"])
-    decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down_nodes(allocation))
+    down = down_nodes(allocation)
+    decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down, min_nodes)
     checkpoint = latest_checkpoint_step(job_dir)
     append(job_dir, {
         "event": "end", "attempt": current["attempt"], "nodes": current["nodes"], "exit_code": exit_code,

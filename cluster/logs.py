@@ -60,7 +60,9 @@ class RankReport:
     node: int | None = None
     host: str = ""
     gpu: object = None
-    state: str = "unknown"  # running, completed, failed, stalled, killed, silent, no_progress
+    # running, completed, failed, stalled, killed, silent, no_progress; retired: a rank the last
+    # attempt did not have (it went on with fewer nodes, spec min_nodes)
+    state: str = "unknown"
     last_step: int | None = None
     last_loss: float | None = None
     median_step_ms: float | None = None
@@ -293,11 +295,16 @@ def inspect(
             reports = None
     if reports is None:
         reports = rank_state(ranks)
+    attempts = summary(job_dir) if paths.ATTEMPTS in names else []
+    if attempts and plan:  # min_nodes: the last attempt ran on fewer nodes than planned
+        world = len(attempts[-1]["nodes"]) * plan["tasks_per_node"]
+        for r in reports[world:]:
+            r.state, r.error, r.error_time, r.frames = "retired", None, None, []
     hang = find_hang(reports)
     first, cascade = triage(reports, hang)
-    stragglers = find_stragglers(reports, straggler_margin)
+    # Retired ranks' step times are of a larger world's: no peers to compare them with.
+    stragglers = find_stragglers([r for r in reports if r.state != "retired"], straggler_margin)
     recorder = stacks.flight_recorder(job_dir)
-    attempts = summary(job_dir) if paths.ATTEMPTS in names else []
     report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder, attempts)
     report.restarts = (plan or {}).get("restarts", 0)
     return report
@@ -513,6 +520,9 @@ def format_report(report: Report, limit: int = 64) -> str:
     lines.append(
         f"world size {report.world_size}: {report.completed} completed" + (", job running" if report.running else "")
     )
+    retired = [r.rank for r in report.ranks if r.state == "retired"]
+    if retired:
+        lines.append(f"ranks {retired[0]}-{retired[-1]} retired: the last attempt went on with fewer nodes (min_nodes)")
     for r in report.ranks:
         if r.exit_crash:  # not a failure: every result of the rank was written before
             lines.append(f"rank {r.rank} finished training, then crashed at exit: {r.exit_crash}")
@@ -561,15 +571,17 @@ def step_time_grid(report: Report, columns: int = 400) -> tuple[list[RankReport]
     time of the log interval that covers the bin (nan where the rank logged nothing: not yet
     started, dead, hung); the time span (t0, t1) the columns cover."""
     order = sorted(report.ranks, key=lambda r: (-1 if r.node is None else r.node, r.rank))
-    # Each step record closes an interval that began at the previous record (the first: its
-    # steps x its ms/step before it).
+    # Each step record closes an interval that began at the previous record; the first, and
+    # the first of a new attempt (a restart, a requeue), began its steps x its ms/step before it.
     spans = {r.rank: [] for r in order}
+    restarts = [a["started"] for a in report.attempts[1:]]
     for r in order:
-        prev = None
+        prev, prev_step, n = None, 0, 0
         for step, ms, t in r.step_times:
-            begin = prev if prev is not None else t - step * ms / 1e3
-            spans[r.rank].append((begin, t, ms))
-            prev = t
+            n = step - prev_step if step > prev_step else n  # after a restart: the interval seen before
+            continuous = prev is not None and step > prev_step and not any(prev < s < t for s in restarts)
+            spans[r.rank].append((prev if continuous else t - n * ms / 1e3, t, ms))
+            prev, prev_step = t, step
     times = [t for v in spans.values() for span in v for t in span[:2]]
     if not times:
         return order, [], 0.0, 0.0
@@ -631,9 +643,30 @@ def plot_step_times(report: Report, path: str | Path) -> None:
             ax.annotate(f"{what}: rank {failure['rank']} ({failure['state']}) on {failure['host']}",
                         (when, rows[failure["rank"]] + 0.5), xytext=(-10, -14), textcoords="offset points",
                         ha="right", color="red", fontsize=8)  # fmt: skip
+        mark_attempts(ax, report.attempts, rows, t0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def mark_attempts(ax, attempts: list[dict], rows: dict[int, int], t0: float) -> None:
+    """spec.restarts: each failed attempt (its culprit, the node left out) and each restart."""
+    top = ax.get_xaxis_transform()  # x in seconds, y in axes fractions
+    for a, following in zip(attempts, [*attempts[1:], None]):
+        if a.get("failed_at"):
+            x = a["failed_at"] - t0
+            ax.axvline(x, color="red", ls="--", lw=1)
+            if a.get("rank") in rows:
+                ax.plot(x, rows[a["rank"]] + 0.5, "X", color="red", ms=10, mec="white")
+            out = "".join(f", {node} excluded" for node, _ in a.get("excluded", []))
+            culprit = f"rank {a['rank']} on {a['node']}" if a.get("rank") is not None else "no rank named"
+            ax.text(x, 0.99, f" attempt {a['attempt']} failed: {culprit}{out}", transform=top, rotation=90,
+                    va="top", ha="right", color="red", fontsize=7)  # fmt: skip
+        if following is not None:
+            x = following["started"] - t0
+            ax.axvline(x, color="limegreen", ls=":", lw=1.5)
+            ax.text(x, 0.99, f" restart {following['attempt']} on {','.join(following['nodes'])}", transform=top,
+                    rotation=90, va="top", ha="left", color="green", fontsize=7)  # fmt: skip
 
 
 def tail(path: Path, k: int) -> list[str]:

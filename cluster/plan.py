@@ -74,7 +74,11 @@ def plan_record(spec: JobSpec, plan: Plan) -> dict:
     if spec.program is not None:
         p = spec.program
         program = {"kind": p.kind, "target": p.target, "launcher": p.launcher, "require_progress": p.require_progress}
-    restarts = {"restarts": spec.restarts, "spare_nodes": spec.spare_nodes} if spec.restarts else {}
+    restarts = (
+        {"restarts": spec.restarts, "spare_nodes": spec.spare_nodes, "min_nodes": spec.min_nodes or spec.nodes}
+        if spec.restarts
+        else {}
+    )
     return {"name": spec.name, "cluster": spec.cluster, "program": program, **restarts, **plan.to_json()}
 
 
@@ -109,6 +113,7 @@ def make_plan(spec: JobSpec) -> Plan:
     world, tasks = spec.world_size, spec.ranks_per_node
     if spec.program is None:
         dims = trainer_dims(spec, world)
+        check_min_nodes(spec)
     else:  # the user's program lays out its own parallelism
         dims = ParallelDims(dp_replicate=world)
     ranks = []
@@ -147,6 +152,19 @@ def fewer_nodes(spec: JobSpec) -> tuple[list[int], str]:
             continue
         counts.append(nodes)
     return counts, "" if counts else "no smaller node count splits the layout and train.batch_size"
+
+
+def check_min_nodes(spec: JobSpec) -> None:
+    """Every node count from ``min_nodes`` up must take the built-in trainer's checkpoints."""
+    if not spec.min_nodes or spec.min_nodes == spec.nodes:
+        return
+    smaller, why_not = fewer_nodes(spec)
+    missing = [n for n in range(spec.min_nodes, spec.nodes) if n not in smaller]
+    if missing:
+        allowed = f"it resumes on {', '.join(map(str, smaller))} node(s) only" if smaller else why_not
+        raise ConfigError(
+            "min_nodes", f"{spec.min_nodes}: its checkpoints cannot resume on {missing} node(s): {allowed}"
+        )
 
 
 def format_plan(plan: Plan, limit: int = 64) -> str:

@@ -83,7 +83,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str
     lines += ["", "# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{paths.PLAN}\" <<'PLAN_JSON'"]
     lines += [plan_json, "PLAN_JSON"]
     if request.restarts:
-        lines += ["", *attempts_start(spec, request)]
+        lines += ["", *attempts_start(spec, plan, request)]
     for step in request.steps:
         srun = ["srun", *request.srun, *step.srun, f"--output=$JOB_DIR/{step.output}"]
         comment = {
@@ -92,31 +92,40 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str
         }[step.name]
         command = " \\\n  ".join([*(_q(w) for w in srun), " ".join(_q(w) for w in step.command)])
         if step.name == "train" and request.restarts:
-            lines += ["", comment, *attempts_loop(request, command)]
+            lines += ["", comment, *attempts_loop(plan, request, command)]
         else:
             lines += ["", comment, command]
     return "\n".join(lines) + "\n"
 
 
-def attempts_start(spec: JobSpec, request: Request) -> list[str]:
+def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
     """spec.restarts: the first attempt's number and nodes, from cluster.attempts."""
     helper = " ".join(_q(w) for w in request.attempts)
     spares = f", {spec.spare_nodes} spare node(s) standing by" if spec.spare_nodes else ""
+    fewer = spec.min_nodes and spec.min_nodes < spec.nodes
+    nodes = f"{spec.min_nodes} to {spec.nodes}" if fewer else spec.nodes
     return [
-        f"# Restarts (up to {request.restarts}{spares}): each attempt runs on {spec.nodes} node(s) of the",
+        f"# Restarts (up to {request.restarts}{spares}): each attempt runs on {nodes} node(s) of the",
         "# allocation that the kit has not excluded. After a failure, cluster.attempts triages it",
         f"# (the first failure's rank and node), records it in $JOB_DIR/{paths.ATTEMPTS} and prints the next",
-        f"# attempt's number and nodes; or it ends the job (exit {DETERMINISTIC_EXIT}: a deterministic failure).",
+        f"# attempt's number, node count and nodes; or it ends the job (exit {DETERMINISTIC_EXIT}: a deterministic failure).",
         f'NEXT="$({helper} start "$JOB_DIR")"',
-        'ATTEMPT_NODES="${NEXT#* }"',
+        *read_attempt(plan),
     ]
 
 
-def attempts_loop(request: Request, srun: str) -> list[str]:
+def read_attempt(plan: Plan) -> list[str]:
+    """The attempt cluster.attempts printed: its number, node count and nodes; its ranks."""
+    return [
+        'read -r ATTEMPT ATTEMPT_NNODES ATTEMPT_NODES <<<"$NEXT"',
+        f"ATTEMPT_NTASKS=$((ATTEMPT_NNODES * {plan.tasks_per_node}))",
+    ]
+
+
+def attempts_loop(plan: Plan, request: Request, srun: str) -> list[str]:
     helper = " ".join(_q(w) for w in request.attempts)
     body = [
-        'ATTEMPT="${NEXT%% *}"',
-        'ATTEMPT_NODES="${NEXT#* }"',
+        *read_attempt(plan),
         f'export {ATTEMPT_VAR}="$ATTEMPT"',
         'ATTEMPT_SUFFIX=""',
         'if [ "$ATTEMPT" != 0 ]; then ATTEMPT_SUFFIX=".attempt$ATTEMPT"; fi',

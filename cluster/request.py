@@ -24,9 +24,10 @@ from cluster import paths
 from cluster.plan import Plan, gpu_binding
 from cluster.spec import JobSpec
 
-VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")
-# spec.restarts: the nodes of the current attempt, which the batch script gets from cluster.attempts
-ATTEMPT_NODES = "$ATTEMPT_NODES"
+VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")  # the local launcher's
+# spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
+# gets from cluster.attempts (fewer than planned once min_nodes let the job go on without one)
+ATTEMPT_NODES, ATTEMPT_NNODES, ATTEMPT_NTASKS = "$ATTEMPT_NODES", "$ATTEMPT_NNODES", "$ATTEMPT_NTASKS"
 
 
 @dataclass(frozen=True)
@@ -120,11 +121,11 @@ def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
     return [*shim, "--", *p.args]
 
 
-def torchrun(spec: JobSpec, plan: Plan, python: str, worker: list[str]) -> list[str]:
+def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str) -> list[str]:
     """One agent per node (the TorchX and NeMo-Run convention), rendezvous on the first node."""
     return [
         python, "-P", "-m", "torch.distributed.run",
-        f"--nnodes={plan.nodes}", f"--nproc-per-node={plan.tasks_per_node}",
+        f"--nnodes={nodes}", f"--nproc-per-node={plan.tasks_per_node}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "--rdzv-id=$JOB_ID",
         "--no-python", *worker,
     ]  # fmt: skip
@@ -134,15 +135,16 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
     steps = []
     # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
     # (srun would take the allocation's task count from the environment: name the step's own.)
-    on_nodes = (f"--nodes={plan.nodes}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
-    per_rank = (*on_nodes, f"--ntasks={plan.world_size}") if spec.restarts else ()
+    on_nodes = (f"--nodes={ATTEMPT_NNODES}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
+    per_rank = (*on_nodes, f"--ntasks={ATTEMPT_NTASKS}") if spec.restarts else ()
+    nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
     if spec.preflight or preflight_only:
         check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", "--join-timeout-s=120"])
         steps.append(Step("preflight", plan.tasks_per_node, per_rank, paths.SRUN_PREFLIGHT_LOG, tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":
-            agent = torchrun(spec, plan, python, rank_program(spec, python, rank_log=True))
-            srun = (*on_nodes, f"--ntasks={plan.nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
+            agent = torchrun(plan, python, rank_program(spec, python, rank_log=True), nodes)
+            srun = (*on_nodes, f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
             steps.append(Step("train", 1, srun, paths.SRUN_NODE_LOG, tuple(in_container(spec, agent)), per_rank=False))
         else:
             command = in_container(spec, rank_program(spec, python, rank_log=False))

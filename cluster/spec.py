@@ -203,6 +203,10 @@ class JobSpec:
     # Extra nodes allocated to stand by: each replaces a node the kit excludes after a failure
     # (the culprit's), so the world size stays as planned.
     spare_nodes: int = 0
+    # With no spare left, go on after a node is lost with the nodes that remain, down to this
+    # many (0: never fewer than ``nodes``). The built-in trainer reshards its checkpoint onto
+    # the smaller world (train.batch_size is the global batch: the mathematics is unchanged).
+    min_nodes: int = 0
     container: ContainerSpec = field(default_factory=ContainerSpec)
     env: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
@@ -250,7 +254,7 @@ class JobSpec:
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "nodes", "tasks_per_node", "cpus_per_task")
-        require_positive(self, prefix, "gpus_per_node", "restarts", "spare_nodes", minimum=0)
+        require_positive(self, prefix, "gpus_per_node", "restarts", "spare_nodes", "min_nodes", minimum=0)
         if not SAFE_NAME.match(self.name):
             raise ConfigError(
                 "name", f"{self.name!r} must be letters, digits, '_', '.', '-' (it names files and the job)"
@@ -277,7 +281,7 @@ class JobSpec:
                 "cluster=docker runs every node in container.image: set it (the kit's image: `make build`, "
                 "then container.image=torch-cluster-kit:latest)",
             )
-        for key in ("restarts", "spare_nodes"):
+        for key in ("restarts", "spare_nodes", "min_nodes"):
             if getattr(self, key) and self.cluster != "slurm":
                 raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.cluster}")
         if self.restarts and self.container.runtime == "pyxis":
@@ -288,6 +292,12 @@ class JobSpec:
             )
         if self.spare_nodes and not self.restarts:
             raise ConfigError("spare_nodes", "spare nodes stand by for restarts: set restarts too (restarts=N)")
+        if self.min_nodes and not self.restarts:
+            raise ConfigError(
+                "min_nodes", "going on with fewer nodes is a kind of restart: set restarts too (restarts=N)"
+            )
+        if self.min_nodes > self.nodes:
+            raise ConfigError("min_nodes", f"{self.min_nodes} is more than nodes ({self.nodes})")
         if self.cluster == "local" and self.nodes != 1:
             raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {self.nodes}")
 

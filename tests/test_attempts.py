@@ -44,6 +44,27 @@ def test_what_follows_a_failed_attempt(history, failure, exit_code, nodes, down,
     assert (decision.verdict, decision.nodes, tuple(n for n, _ in decision.excluded)) == want, decision.why
 
 
+@pytest.mark.parametrize(
+    "history, failure, nodes, down, min_nodes, want",
+    [
+        # 3 nodes, no spare: the culprit's node is left out, the job goes on with 2
+        ([], CRASH, ALLOC, set(), 2, ("restart", ("n1", "n3"), ("n2",))),
+        # a spare first: the world size stays while one is left
+        ([], CRASH, ["n1", "n2"], set(), 1, ("restart", ("n1", "n3"), ("n2",))),
+        # already at min_nodes: the same nodes again, as without min_nodes
+        ([ended("x", 5, [("n3", "")])], CRASH, ["n1", "n2"], set(), 2, ("restart", ("n1", "n2"), ())),
+        # two nodes down at once, min_nodes 1: going on with the one left
+        ([], CRASH | {"node": None}, ALLOC, {"n1", "n3"}, 1, ("restart", ("n2",), ("n1", "n3"))),
+        # down below min_nodes: nothing to go on with
+        ([], CRASH | {"node": None}, ALLOC, {"n1", "n3"}, 2, ("no_nodes", (), ())),
+    ],
+)  # fmt: skip
+def test_with_no_spare_left_min_nodes_goes_on_with_fewer_nodes(history, failure, nodes, down, min_nodes, want):
+    decision = decide(history, failure, 1, ALLOC, nodes, restarts=2, down=down, min_nodes=min_nodes)
+    assert isinstance(decision, Decision)
+    assert (decision.verdict, decision.nodes, tuple(n for n, _ in decision.excluded)) == want, decision.why
+
+
 def test_the_attempt_record_counts_recomputed_steps_and_recovery_time(tmp_path):
     lines = [
         {"event": "start", "attempt": 0, "nodes": ["n1", "n2"], "time": 100.0},

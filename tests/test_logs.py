@@ -112,3 +112,29 @@ def test_plot_of_1024_ranks_is_one_image_with_the_failure_marked(tmp_path):
     report = inspect(make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8), running=False)
     plot_step_times(report, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and report.first_failure["rank"] == 341
+
+
+def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart(tmp_path):
+    """Attempt 0 logs steps 20..120 (10 ms each) and fails; attempt 1 resumes from step 100
+    eight seconds later. Between the two the rank trained nothing: its row is empty there."""
+    import math
+
+    from cluster.logs import RankReport, Report, plot_step_times, step_time_grid
+
+    times = [(s, 10.0, START + s / 100) for s in range(20, 121, 20)]
+    times += [(s, 10.0, START + 9.0 + (s - 100) / 100) for s in range(120, 201, 20)]
+    ranks = [
+        RankReport(rank=r, node=r // 2, host=f"n{r // 2 + 1}", state="completed", step_times=times) for r in (0, 1)
+    ]
+    attempts = [
+        {"attempt": 0, "nodes": ["n1", "n2"], "started": START - 1, "verdict": "restart", "failed_at": START + 1.3,
+         "rank": 1, "node": "n1", "excluded": [["n1", "the culprit's node"]]},
+        {"attempt": 1, "nodes": ["n2", "n3"], "started": START + 2.0, "verdict": None},
+    ]  # fmt: skip
+    report = Report(str(tmp_path), 2, ranks, None, {}, [], False, attempts=attempts, restarts=1)
+    order, grid, t0, t1 = step_time_grid(report, columns=100)
+    at = lambda t: int((t - t0) / (t1 - t0) * 100)  # noqa: E731
+    assert not math.isnan(grid[0][at(START + 1.1)]) and not math.isnan(grid[0][at(START + 9.1)])
+    assert all(math.isnan(v) for v in grid[0][at(START + 1.3) : at(START + 8.8)])
+    plot_step_times(report, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"

@@ -371,6 +371,51 @@ def test_a_hang_ends_the_attempt_and_its_culprits_node_is_left_out(tmp_path):
     assert [node for node, _ in first["excluded"]] == ["n2"] and second["nodes"] == ["n1", "n3"]
 
 
+def test_with_no_spare_left_the_job_goes_on_with_fewer_nodes_and_the_same_loss(tmp_path):
+    """3 nodes, no spare, min_nodes 2: every rank process of the third node is killed at step
+    110 or so; the job goes on by itself on 2 nodes from its step-100 checkpoint, resharded
+    from 6 ranks to 4. train.batch_size is the global batch, so the run's mathematics is one
+    process's: its final loss is compared with one process trained on the job's own train.yaml.
+
+    Tolerance 1e-5 relative: float32 sums over 6 ranks round otherwise than over 1 or 4.
+    Measured for an uninterrupted 6-rank DDP run against one process (test loss): 4e-8 at
+    step 100, 9e-7 at 220; past 220 the loss falls steeply (3.2 to 1.4 by step 300) and
+    amplifies the rounding to 3e-4, so the run stops at 220. (4 ranks matched one process
+    to 6e-8 at every step.) The final loss is the test loss (2000 samples); the train loss of
+    the last 20 batches is more sensitive still: 2e-5 measured for this run, bound at 1e-4."""
+    fewer = ["nodes=3", "gpus_per_node=2", "restarts=1", "min_nodes=2", "train.batch_size=48"]
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, *fewer, "train.steps=220", "train.log_every=20",
+                          "train.ckpt_every=50", wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
+    try:
+        starts = [wait_for_step(job_dir, rank, 110) for rank in (4, 5)]
+        for start in starts:
+            kill_rank(start)
+    finally:
+        state = ended_by_itself(job_id)
+    assert state in ("COMPLETED", "GONE")
+    code, report = logs_json(job_dir)
+    first, second = report["attempts"]
+    assert code.returncode == 0 and report["world_size"] == 4 and report["completed"] == 4
+    assert (first["nodes"], second["nodes"]) == (["n1", "n2", "n3"], ["n1", "n2"])
+    assert [node for node, _ in first["excluded"]] == ["n3"] and "going on with 2 node(s)" in first["why"]
+    assert [r["state"] for r in report["ranks"][4:]] == ["retired", "retired"]
+    records = list(read_records(job_dir / "rank_00000.jsonl"))
+    assert [r["from_world_size"] for r in records if r["event"] == "resume"] == [6]
+    assert "resharding a 6-rank checkpoint to 4 ranks" in (job_dir / "rank_00000.attempt1.log").read_text()
+    reference = tmp_path / "one-process"
+    one = run_module(
+        "train", "--config", str(job_dir / "train.yaml"), "parallel.strategy=single", f"train.run_dir={reference}"
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    final = [r for r in records if r.get("final")][-1]
+    straight = [r for r in read_records(reference / "rank_00000.jsonl") if r.get("final")][-1]
+    for key, rel in (("test_loss", 1e-5), ("train_loss", 1e-4)):
+        print(f"{key}: 3 -> 2 nodes {final[key]:.9g}, one process {straight[key]:.9g}")
+        assert final[key] == pytest.approx(straight[key], rel=rel)
+
+
 def test_the_same_failure_after_a_restart_is_deterministic_and_not_restarted_again(tmp_path):
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=60",
                           "train.log_every=10", "train.ckpt_every=10", "restarts=3",
