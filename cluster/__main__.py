@@ -73,7 +73,9 @@ def cmd_plan(args) -> int:
     elif spec.nodes > 1:
         print(f"its checkpoints resume on no fewer nodes: {why_not}")
     if spec.min_nodes and spec.min_nodes < spec.nodes:
-        print(f"with no spare left, a restart goes on without a lost node, down to {spec.min_nodes} node(s) (min_nodes)")
+        print(
+            f"with no spare left, a restart goes on without a lost node, down to {spec.min_nodes} node(s) (min_nodes)"
+        )
     for step in steps:  # what each task runs ($JOB_DIR and the rendezvous are set at submission)
         what = "each rank runs" if step.per_rank else "each node's torchrun agent runs"
         print(f"{step.name}: {what}: {shlex.join(step.command)}")
