@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -34,6 +35,12 @@ def say(msg: str) -> None:
 
 def run(*cmd: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True, **kw)
+
+
+def daemon(*cmd: str) -> None:
+    """Start a daemon: it outlives whoever started it, so it gets none of the starter's
+    environment (a test session's marker, a user's CUDA_VISIBLE_DEVICES), only PATH."""
+    run(*cmd, env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
 
 
 def why_unavailable() -> str | None:
@@ -74,6 +81,8 @@ SlurmdParameters=config_overrides
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
+# A node whose slurmd stops answering is marked down after this long (`fail`: a dead machine).
+SlurmdTimeout=10
 # Short grace periods keep a failed job's teardown (and the tests) fast.
 KillWait=5
 UnkillableStepTimeout=30
@@ -120,34 +129,40 @@ def start_munge() -> None:
     os.chmod("/run/munge", 0o755)
     for d in ("/var/log/munge", "/var/lib/munge", "/etc/munge"):
         run("chown", "-R", "munge:munge", d, check=False)
-    run("runuser", "-u", "munge", "--", "munged")
+    daemon("runuser", "-u", "munge", "--", "munged")
+
+
+def slurmd_pids(node: str) -> list[int]:
+    return [int(p) for p in run("pgrep", "-f", f"slurmd -N {node}$", check=False).stdout.split()]
 
 
 def is_up() -> bool:
+    """Every node's slurmd runs and answers (a trailing * in sinfo: not responding)."""
     if not shutil.which("sinfo"):
         return False
     out = run("sinfo", "-h", "-N", "-o", "%N %t", check=False)
     states = dict(line.split() for line in out.stdout.splitlines() if line.strip())
-    return out.returncode == 0 and all(states.get(n, "").rstrip("*") in ("idle", "alloc", "mix") for n in NODES)
+    answering = all(states.get(n, "") in ("idle", "alloc", "mix") for n in NODES)
+    return out.returncode == 0 and answering and all(slurmd_pids(n) for n in NODES)
 
 
 def start(timeout_s: float = 60) -> None:
     reason = why_unavailable()
     if reason:
         raise SystemExit(f"minicluster: cannot start: {reason}")
-    if is_up():
-        say("already up: " + ", ".join(NODES))
-        return
     install()
     if write_config() and run("pgrep", "-f", "slurmctld", check=False).returncode == 0:
-        say("configuration changed (nodes): restarting the daemons")
+        say("configuration changed: restarting the daemons")
         stop()
+    elif is_up():
+        say("already up: " + ", ".join(NODES))
+        return
     start_munge()
     if run("scontrol", "ping", check=False).stdout.count("UP") == 0:
-        run("slurmctld")
+        daemon("slurmctld")
     for node in NODES:
-        if run("pgrep", "-f", f"slurmd -N {node}", check=False).returncode != 0:
-            run("slurmd", "-N", node)
+        if not slurmd_pids(node):
+            daemon("slurmd", "-N", node)
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         if is_up():
@@ -166,12 +181,51 @@ def stop() -> None:
     say("stopped")
 
 
+def node_processes(node: str) -> list[int]:
+    """The processes of ``node``'s job steps: every task (its environment names the node) and
+    the slurmstepd above it."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            above = Path(f"/proc/{parent}/cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if f"SLURMD_NODENAME={node}".encode() in env:
+            found.append(int(pid))
+            if above.startswith(b"slurmstepd"):
+                found.append(int(parent))
+    return sorted(set(found))
+
+
+def fail(node: str) -> None:
+    """A dead machine, as near as one machine can show it: ``node``'s slurmd, its job steps'
+    slurmstepd and their tasks are SIGKILLed at once, so nothing reports their end; the
+    controller marks the node down once its slurmd has been silent for SlurmdTimeout.
+    ``start`` brings it back (ReturnToService=2 returns it when its slurmd registers)."""
+    if node not in NODES:
+        raise SystemExit(f"minicluster: no node {node!r} (nodes: {', '.join(NODES)})")
+    steps = node_processes(node)
+    for pid in [*slurmd_pids(node), *steps]:  # the daemon first: nothing left to report the steps' end
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    say(f"failed {node}: its slurmd and {len(steps)} process(es) of its job steps killed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.minicluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["start", "stop", "status"])
+    parser.add_argument("action", choices=["start", "stop", "status", "fail"])
+    parser.add_argument("node", nargs="?", help="fail: the node to fail (n1, n2, ...)")
     args = parser.parse_args(argv)
     if args.action == "start":
         start()
+    elif args.action == "fail":
+        if not args.node:
+            parser.error("fail needs a NODE")
+        fail(args.node)
     elif args.action == "stop":
         stop()
     else:

@@ -135,7 +135,9 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
     steps = []
     # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
     # (srun would take the allocation's task count from the environment: name the step's own.)
-    on_nodes = (f"--nodes={ATTEMPT_NNODES}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
+    # --overlap: a failed attempt's step whose node died stays "completing" until SLURM gives
+    # the node up, holding its CPUs on the nodes that live; the next attempt must not wait for it.
+    on_nodes = ("--overlap", f"--nodes={ATTEMPT_NNODES}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
     per_rank = (*on_nodes, f"--ntasks={ATTEMPT_NTASKS}") if spec.restarts else ()
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
     if spec.preflight or preflight_only:

@@ -329,19 +329,27 @@ def ended_by_itself(job_id: str) -> str:
         subprocess.run(["scancel", job_id], check=False)
 
 
-def test_a_killed_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(tmp_path, uninterrupted):
-    """2 nodes + 1 spare: every rank process of the second node is killed at step 120 or so;
-    the job goes on by itself on n1 and the spare n3, from its step-100 checkpoint."""
+@pytest.mark.parametrize("how", ["ranks killed", "node failed"])
+def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how, tmp_path, uninterrupted):
+    """2 nodes + 1 spare: at step 120 or so, every rank process of the second node is killed,
+    or the node fails (minicluster.fail: its slurmd, step daemon and tasks SIGKILLed, so SLURM
+    hears nothing until it marks the node down); the job goes on by itself on n1 and the spare
+    n3, from its last checkpoint."""
     import torch
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, *RESTARTS, wait=False)
     job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
     try:
         starts = [wait_for_step(job_dir, rank, 120) for rank in (2, 3)]
-        for start in starts:
-            kill_rank(start)
-    finally:
+        if how == "node failed":
+            minicluster.fail("n2")
+        else:
+            for start in starts:
+                kill_rank(start)
         state = ended_by_itself(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+        minicluster.start()  # n2 back for the tests after this one
     assert state in ("COMPLETED", "GONE")
     resumed = final_params(job_dir / "checkpoints" / "step_0001200")
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
@@ -351,6 +359,8 @@ def test_a_killed_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(t
     assert code.returncode == 0 and report["completed"] == 4 and report["restarts"]["used"] == 1
     assert (first["nodes"], second["nodes"]) == (["n1", "n2"], ["n1", "n3"])
     assert first["rank"] in (2, 3) and [node for node, _ in first["excluded"]] == ["n2"]
+    if how == "node failed":
+        assert first["excluded"][0][1] == "SLURM reports it down"
     assert 0 <= first["recomputed_steps"] <= 50 and first["recovery_s"] > 0
     text = run_module("cluster", "logs", str(job_dir)).stdout
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
