@@ -4,6 +4,11 @@ asks between attempts. It runs on the batch node, in the job's environment.
 ``python -P -m cluster.attempts start JOB_DIR``
     the first attempt (or, after a requeue, the next one): prints ``NUMBER COUNT NODE,NODE,...``
     (the attempt's number, its node count and its nodes).
+``python -P -m cluster.attempts guard JOB_DIR --batch-node NODE``
+    runs as a step on another node of the allocation and requeues the job once SLURM reports
+    the batch node down: with ``--no-kill`` SLURM keeps the allocation of a job whose batch
+    node died (seen with 22.05: "Removing failed node n1 from JobId=...") and nothing would
+    start the next attempt; the requeue is the fallback where the allocation cannot go on.
 ``python -P -m cluster.attempts next JOB_DIR --exit-code N``
     triages the attempt that just ended (``cluster.logs``: the first failure's rank and node,
     or a hang's culprit), records it, and prints the next attempt the same way: the culprit's
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -35,6 +41,7 @@ from train.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step, read_reco
 NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")
 CONFIG_EXIT = 2  # a rank refused its configuration (the kit's and argparse's bad-input code)
 BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's short states; a trailing * = not responding
+GUARD_POLL_S = 5.0  # one sinfo call per job every 5 s: SLURM itself takes SlurmdTimeout to notice
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def decide(
         return Decision(
             "deterministic", f"the same error at the same step (step {failure.get('step')}) after a restart"
         )
-    if len(ended) >= restarts:
+    if restarts_used(ended) >= restarts:
         return Decision("exhausted", f"all {restarts} restart(s) used")
     excluded = {e_node for e in ended for e_node, _ in e.get("excluded", [])}
     bad = [(n, "SLURM reports it down") for n in nodes if n in down]
@@ -127,10 +134,25 @@ def begin(job_dir: Path, number: int, nodes: tuple[str, ...] | list[str]) -> str
     return f"{number} {len(nodes)} {','.join(nodes)}"
 
 
-def start(job_dir: Path) -> str:
+def start(job_dir: Path, say=print) -> str:
     """The first attempt of this allocation: after a requeue, the numbering goes on and the
-    nodes excluded before stay out where this allocation has enough others."""
+    nodes excluded before stay out where this allocation has enough others. An attempt that
+    has no end is one the allocation ended under (its batch node died, or the job was
+    requeued): it is recorded as requeued, with the nodes SLURM reports down excluded."""
     records = history(job_dir)
+    starts, ends = ([r for r in records if r["event"] == event] for event in ("start", "end"))
+    if starts and (not ends or ends[-1]["attempt"] != starts[-1]["attempt"]):
+        cut = starts[-1]
+        failure = the_failure(job_dir, cut["nodes"], cut["time"])
+        down = down_nodes(cut["nodes"])
+        excluded = [[n, "SLURM reports it down"] for n in cut["nodes"] if n in down]
+        why = "the allocation ended under it (its batch node failed, or the job was requeued); SLURM requeued the job"
+        append(job_dir, {
+            "event": "end", "attempt": cut["attempt"], "nodes": cut["nodes"], "exit_code": None, **failure,
+            "checkpoint": latest_checkpoint_step(job_dir), "verdict": "requeued", "why": why, "excluded": excluded,
+        })  # fmt: skip
+        say(f"attempt {cut['attempt']} on {','.join(cut['nodes'])}: {why}")
+        records = history(job_dir)
     count, _, min_nodes = planned_nodes(job_dir)
     allocation = allocation_nodes()
     excluded = {n for r in records if r["event"] == "end" for n, _ in r.get("excluded", [])}
@@ -139,11 +161,16 @@ def start(job_dir: Path) -> str:
     return begin(job_dir, sum(r["event"] == "start" for r in records), usable[:count])
 
 
-def the_failure(job_dir: Path, nodes: list[str]) -> dict:
-    """This attempt's first failure, as ``cluster logs`` names it, with its node's name."""
+def the_failure(job_dir: Path, nodes: list[str], since: float) -> dict:
+    """This attempt's first failure, as ``cluster logs`` names it, with its node's name.
+    ``since``: when the attempt began; where no rank wrote anything after it, none started
+    (srun refused the step) and the logs tell of an earlier attempt, not of this one."""
     from cluster.logs import inspect
 
     report = inspect(job_dir, running=False)
+    if not any(r.last_time and r.last_time >= since for r in report.ranks):
+        error = "no rank started (srun could not start the step: see the batch log)"
+        return {"rank": None, "node": None, "error": error, "failed_at": time.time(), "hang": False, "step": None}
     first = report.first_failure or {}
     started = any(r.rank == first.get("rank") and r.pid is not None for r in report.ranks)
     index = first.get("node") if started else None  # a rank that never started names no node
@@ -166,7 +193,7 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
     ended = [r for r in records if r["event"] == "end"]
     _, restarts, min_nodes = planned_nodes(job_dir)
     allocation = allocation_nodes()
-    failure = the_failure(job_dir, current["nodes"])
+    failure = the_failure(job_dir, current["nodes"], current["time"])
     down = down_nodes(allocation)
     decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down, min_nodes)
     checkpoint = latest_checkpoint_step(job_dir)
@@ -190,8 +217,18 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
         if checkpoint is not None
         else "(no kit checkpoint: the program resumes itself)"
     )
-    say(f"restart {len(ended) + 1} of {restarts} on {','.join(decision.nodes)} {resume}: {decision.why}")
+    say(f"restart {restarts_used(ended) + 1} of {restarts} on {','.join(decision.nodes)} {resume}: {decision.why}")
     return 0, begin(job_dir, current["attempt"] + 1, decision.nodes)
+
+
+def guard(batch_node: str, say=print) -> int:
+    """Wait (as long as the job lives) for the batch node to be down, then requeue the job."""
+    from cluster.poll import wait_until
+
+    job_id = os.environ["SLURM_JOB_ID"]
+    wait_until(lambda: batch_node in down_nodes([batch_node]), math.inf, f"{batch_node} to fail", GUARD_POLL_S)
+    say(f"the batch node {batch_node} is down: requeueing job {job_id} (the allocation cannot go on)")
+    return subprocess.run(["scontrol", "requeue", job_id]).returncode
 
 
 def summary(job_dir: Path) -> list[dict]:
@@ -220,7 +257,8 @@ def summary(job_dir: Path) -> list[dict]:
 
 
 def restarts_used(attempts: list[dict]) -> int:
-    return sum(a["verdict"] == "restart" for a in attempts)
+    """The restarts the kit made; a requeue (the batch node lost) is SLURM's, not one of them."""
+    return sum(a.get("verdict") == "restart" for a in attempts)
 
 
 def format_attempts(attempts: list[dict], restarts: int, last: str = "the last one") -> list[str]:
@@ -237,9 +275,11 @@ def format_attempts(attempts: list[dict], restarts: int, last: str = "the last o
         lines.append(line)
         for node, why in a.get("excluded", []):
             lines.append(f"    excluded {node}: {why[:100]}")
-        then = {"restart": "restarted", "deterministic": "deterministic failure: not restarted"}.get(
-            a["verdict"], "not restarted"
-        )
+        then = {
+            "restart": "restarted",
+            "requeued": "requeued by SLURM",
+            "deterministic": "deterministic failure: not restarted",
+        }.get(a["verdict"], "not restarted")
         extra = []
         if a.get("recomputed_steps") is not None:
             extra.append(f"{a['recomputed_steps']} step(s) recomputed since checkpoint {a['checkpoint']}")
@@ -251,15 +291,18 @@ def format_attempts(attempts: list[dict], restarts: int, last: str = "the last o
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.attempts", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=["start", "next"])
+    parser.add_argument("action", choices=["start", "next", "guard"])
     parser.add_argument("job_dir", type=Path)
     parser.add_argument("--exit-code", type=int, default=1, help="next: the exit code of the attempt that ended")
+    parser.add_argument("--batch-node", help="guard: the node that runs the batch script")
     args = parser.parse_args(argv)
     # What it says goes to the batch script's output (slurm-<id>.log); stdout is the answer.
     say = lambda text: print(f"cluster.attempts: {text}", file=sys.stderr, flush=True)  # noqa: E731
     if args.action == "start":
-        print(start(args.job_dir))
+        print(start(args.job_dir, say))
         return 0
+    if args.action == "guard":
+        return guard(args.batch_node, say)
     code, out = next_attempt(args.job_dir, args.exit_code, say)
     if out:
         print(out)

@@ -27,6 +27,7 @@ SCRIPT = "job.sbatch"
 SPEC = "spec.yaml"
 TRAIN_CONFIG = "train.yaml"
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
+GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
 # srun's per-task output pattern: %5t is the task id zero-padded to 5, as log_name() writes it;
 # ATTEMPT_SUFFIX is set by the rendered script from SLURM_RESTART_COUNT (or the restart loop's attempt).
 SRUN_RANK_LOG = "rank_%5t${ATTEMPT_SUFFIX}.log"

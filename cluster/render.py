@@ -104,7 +104,7 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
     spares = f", {spec.spare_nodes} spare node(s) standing by" if spec.spare_nodes else ""
     fewer = spec.min_nodes and spec.min_nodes < spec.nodes
     nodes = f"{spec.min_nodes} to {spec.nodes}" if fewer else spec.nodes
-    return [
+    lines = [
         f"# Restarts (up to {request.restarts}{spares}): each attempt runs on {nodes} node(s) of the",
         "# allocation that the kit has not excluded. After a failure, cluster.attempts triages it",
         f"# (the first failure's rank and node), records it in $JOB_DIR/{paths.ATTEMPTS} and prints the next",
@@ -112,6 +112,15 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
         f'NEXT="$({helper} start "$JOB_DIR")"',
         *read_attempt(plan),
     ]
+    if spec.nodes + spec.spare_nodes > 1:
+        lines += [
+            "# The guard: if the node running this script dies, SLURM keeps the allocation (--no-kill) but",
+            "# nothing would start the next attempt; a step on another node then requeues the job.",
+            'GUARD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME" | tail -n 1)"',
+            f'srun --overlap --no-kill --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" "--output=$JOB_DIR/{paths.GUARD_LOG}" \\',
+            f'  {helper} guard "$JOB_DIR" --batch-node "$SLURMD_NODENAME" &',
+        ]
+    return lines
 
 
 def read_attempt(plan: Plan) -> list[str]:

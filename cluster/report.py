@@ -146,6 +146,16 @@ def submit_latency(rounds: int) -> dict | None:
     return {"submit_s": o, "sbatch_s": r, "ratio": o / r, "rounds": rounds}
 
 
+def restart_costs(rounds: int) -> dict | None:
+    """Recovery in the allocation vs a requeue, and start-up vs a minimal probe (minicluster)."""
+    from cluster import minicluster, restart_bench
+
+    if not minicluster.is_up():
+        return None
+    say("restarts: recovery in the allocation vs a requeue; start-up vs a probe (SLURM)")
+    return restart_bench.measure(rounds)
+
+
 def scaling_study() -> dict:
     """The scaling grid (train/scaling.py); its fit is saved where ``--predict`` looks."""
     from train import scaling
@@ -312,6 +322,16 @@ def render_markdown(r: dict) -> str:
         )
     else:
         lines.append("- Submit latency: skipped (no SLURM here; `make minicluster` first).")
+    rs = r.get("restarts")
+    lines += ["", "## Restarts (SLURM minicluster, `python -m cluster.restart_bench`)", ""]
+    if rs and "error" in rs:
+        lines.append(f"The measurement failed: {rs['error']}")
+    elif rs:
+        from cluster.restart_bench import markdown
+
+        lines += markdown(rs)
+    else:
+        lines.append("Skipped (no SLURM here; `make minicluster` first).")
     g = r.get("gpu")
     lines += ["", "## GPU (jobs/bench_gpu.yaml)", ""]
     if g:
@@ -390,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan_speed(),
         "triage": triage_speed(64, 500) if args.quick else triage_speed(1024, 5000),
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
+        "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
         "gpu": gpu_mfu(rounds),
         "scaling": None if args.quick else guarded(scaling_study),
     }

@@ -78,7 +78,9 @@ def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
         opts.append("--exclusive")
     if spec.restarts:
         opts.append("--no-kill")  # a node that fails ends the attempt, not the allocation
-    opts.append("--requeue" if spec.requeue else "--no-requeue")
+    # With restarts, a requeue is the fallback where the allocation cannot go on: SLURM
+    # requeues a job whose batch node died, and the next allocation goes on with the attempts.
+    opts.append("--requeue" if spec.requeue or spec.restarts else "--no-requeue")
     return opts + list(spec.sbatch_extra)
 
 

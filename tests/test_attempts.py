@@ -13,7 +13,7 @@ CRASH = {"rank": 3, "node": "n2", "error": "RuntimeError: boom", "step": 120}
 
 
 def ended(error="RuntimeError: boom", step=120, excluded=()):
-    return {"error": error, "step": step, "excluded": [list(pair) for pair in excluded]}
+    return {"error": error, "step": step, "excluded": [list(pair) for pair in excluded], "verdict": "restart"}
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,8 @@ def ended(error="RuntimeError: boom", step=120, excluded=()):
         ([], CRASH | {"error": "ModuleNotFoundError: No module named 'x'"}, 1, ["n1", "n2"], set(), ("deterministic", (), ())),
         # every restart used
         ([ended("a", 1), ended("b", 2)], CRASH, 1, ["n1", "n2"], set(), ("exhausted", (), ())),
+        # a requeue (the batch node lost) is SLURM's, not one of the restarts
+        ([ended("a", 1), ended("b", 2) | {"verdict": "requeued"}], CRASH, 1, ["n1", "n2"], set(), ("restart", ("n1", "n3"), ("n2",))),
     ],
 )  # fmt: skip
 def test_what_follows_a_failed_attempt(history, failure, exit_code, nodes, down, want):

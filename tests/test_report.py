@@ -18,6 +18,7 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         "Log triage",
         "1024 nodes x 8 GPUs",
         "| param_avg@k4 | 2 |",
+        "## Restarts",
     ):
         assert needle in text, needle
     for png in ("throughput.png", "state_bytes.png", "busbw.png"):

@@ -366,6 +366,40 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
 
 
+def test_when_the_batch_node_fails_slurm_requeues_the_job_and_its_attempts_go_on(tmp_path, uninterrupted):
+    """2 nodes, restarts; n1, which runs the batch script, fails at step 120 or so. The
+    allocation cannot go on, so the fallback is a requeue (restarts imply --requeue): SLURM
+    requeues the job itself, or the kit's guard step on n2 does where SLURM keeps the
+    allocation without its batch script (both seen); the job starts again on n2 and n3 (n1 is
+    down) and resumes from its checkpoint.
+
+    Without GPUs: after such a requeue, SLURM 22.05 refuses every step of a job that asked
+    for GPUs ("Invalid generic resource (gres) specification"; slurmctld: "_step_get_gres_cnt
+    ... node offset invalid (0 >= 0)"): its GRES allocation lost the failed node's share."""
+    import torch
+
+    no_gpus = ["gpus_per_node=0", "tasks_per_node=2"]
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, *no_gpus, "restarts=1", wait=False)
+    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
+    try:
+        wait_for_step(job_dir, 0, 120)
+        minicluster.fail("n1")
+        wait_state(job_id, ("PENDING",))
+        start_again(job_id)
+        state = ended_by_itself(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+        minicluster.start()
+    assert state in ("COMPLETED", "GONE")
+    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+    code, report = logs_json(job_dir)
+    first, second = report["attempts"]
+    assert code.returncode == 0 and report["completed"] == 4 and report["restarts"]["used"] == 0
+    assert first["verdict"] == "requeued" and first["nodes"] == ["n1", "n2"] and second["nodes"] == ["n2", "n3"]
+    assert [node for node, _ in first["excluded"]] == ["n1"]
+
+
 def test_a_hang_ends_the_attempt_and_its_culprits_node_is_left_out(tmp_path):
     """A rank of the second node hangs (only in the first attempt, like a faulty node); the
     stall watchdog ends the attempt, the hang's culprit names the node, the spare replaces it."""

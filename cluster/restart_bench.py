@@ -1,0 +1,193 @@
+"""What a restart costs, on the SLURM minicluster (``make bench``'s "Restarts" section, or
+``python -m cluster.restart_bench --rounds 3``).
+
+- **Recovery**: from a failure to the next attempt's first training step, 2 nodes x 2 ranks.
+  In the allocation (``restarts=1 spare_nodes=1``: the ranks of the second node are killed
+  and the kit starts a new step on the spare) against a requeue (``requeue=true``:
+  ``scontrol requeue`` at the same step; the job waits for the scheduler to start it again).
+- **Start-up**: a restart pays the job's start-up again. From submission to the first
+  training step of the kit, against a minimal probe on the same nodes: an sbatch script whose
+  srun'd ranks import torch, ``init_process_group`` and do one all_reduce.
+
+Each contender runs once per round, interleaved, and the medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cluster import paths
+from cluster.poll import wait_until
+from train.protocol import read_records
+
+ROOT = Path(__file__).resolve().parents[1]
+FIT = ["cpus_per_task=1", "mem=", "exclusive=false", "gpus_per_node=2", "env.OMP_NUM_THREADS=1", "time=00:10:00"]
+RUN = [*FIT, "train.steps=400", "train.log_every=10", "train.ckpt_every=50"]
+FAIL_AT = 60  # the step at or after which the failure comes (a checkpoint at 50)
+PROBE = """#!/bin/bash
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --time=00:05:00
+#SBATCH --output={out}/slurm-%j.log
+export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export OMP_NUM_THREADS=1
+srun {python} -c '
+import os, time
+import torch, torch.distributed as dist
+rank = int(os.environ["SLURM_PROCID"])
+dist.init_process_group("gloo", rank=rank, world_size=int(os.environ["SLURM_NTASKS"]))
+{extra}dist.all_reduce(torch.ones(1))
+if rank == 0:
+    print("first all_reduce at", time.time(), flush=True)
+dist.destroy_process_group()
+'
+"""
+
+
+def say(msg: str) -> None:
+    print(f"[restart bench] {msg}", file=sys.stderr, flush=True)
+
+
+def submit(log_dir: Path, *overrides: str) -> Path:
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster", "submit", "jobs/multi_node.yaml", f"log_dir={log_dir}", "--json", *overrides],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    )  # fmt: skip
+    return Path(json.loads(out.stdout.splitlines()[-1])["log_dir"])
+
+
+def records(job_dir: Path, rank: int, event: str) -> list[dict]:
+    path = paths.rank_records(job_dir, rank)
+    return [r for r in read_records(path) if r["event"] == event] if path.exists() else []
+
+
+def reached(job_dir: Path, rank: int, step: int) -> dict | None:
+    """The start record (with the pid) of ``rank`` once it logged ``step``."""
+    if any(r["step"] >= step for r in records(job_dir, rank, "step")):
+        return records(job_dir, rank, "start")[-1]
+    return None
+
+
+def ended(job_id: str) -> bool:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    return not out.stdout.strip()
+
+
+def in_allocation(tmp: Path) -> float:
+    job_dir = submit(tmp, *RUN, "restarts=1", "spare_nodes=1")
+    try:
+        for rank in (2, 3):
+            os.kill(wait_until(lambda r=rank: reached(job_dir, r, FAIL_AT), 300, "step 60", 0.2)["pid"], signal.SIGKILL)
+        wait_until(lambda: ended(job_dir.name), 600, "the job to end")
+    finally:
+        subprocess.run(["scancel", job_dir.name], check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "cluster", "logs", str(job_dir), "--json"], capture_output=True, text=True
+    )
+    return json.loads(out.stdout)["attempts"][0]["recovery_s"]
+
+
+def requeued(tmp: Path) -> float:
+    job_dir = submit(tmp, *RUN, "requeue=true")
+    try:
+        wait_until(lambda: reached(job_dir, 0, FAIL_AT), 300, "step 60", 0.2)
+        failed_at = time.time()
+        subprocess.run(["scontrol", "requeue", job_dir.name], check=True)
+        firsts = lambda: [r["time"] for r in records(job_dir, 0, "first_step") if r["time"] > failed_at]  # noqa: E731
+        first = wait_until(firsts, 900, "the requeued attempt's first step")[0]
+        wait_until(lambda: ended(job_dir.name), 600, "the job to end")
+    finally:
+        subprocess.run(["scancel", job_dir.name], check=False)
+    return first - failed_at
+
+
+# What any training program pays on top of the probe: torch.optim's first optimizer imports
+# torch._dynamo (its methods are wrapped in torch._disable_dynamo), about 1 s of CPU per rank.
+OPTIMIZER = "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+
+
+def probe(tmp: Path, extra: str = "") -> float:
+    script = tmp / "probe.sbatch"
+    script.write_text(PROBE.format(out=tmp, python=sys.executable, extra=extra))
+    start = time.time()
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
+    log = tmp / f"slurm-{job_id.stdout.strip().split(';')[0]}.log"
+    line = lambda: (
+        next((x for x in log.read_text().splitlines() if "first all_reduce" in x), None) if log.exists() else None
+    )  # noqa: E731
+    return float(wait_until(line, 300, "the probe's all_reduce", 0.05).split()[-1]) - start
+
+
+def kit_start(tmp: Path) -> float:
+    start = time.time()
+    job_dir = submit(tmp, *FIT, "train.steps=2", "train.log_every=1")
+    return wait_until(lambda: records(job_dir, 0, "first_step"), 300, "the kit's first step", 0.05)[0]["time"] - start
+
+
+def measure(rounds: int) -> dict:
+    """Medians of ``rounds`` interleaved runs of each contender."""
+    contenders = {
+        "in_allocation_s": in_allocation,
+        "requeue_s": requeued,
+        "probe_s": probe,
+        "probe_optimizer_s": lambda tmp: probe(tmp, OPTIMIZER),
+        "kit_s": kit_start,
+    }
+    seen: dict[str, list[float]] = {k: [] for k in contenders}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(rounds):
+            for name, run in contenders.items():
+                where = Path(tmp) / f"{name}{i}"
+                where.mkdir()
+                seen[name].append(run(where))
+                say(f"round {i + 1}/{rounds}: {name} {seen[name][-1]:.1f}")
+    result = {k: statistics.median(v) for k, v in seen.items()}
+    ratios = {"kit_vs_probe": result["kit_s"] / result["probe_s"],
+              "kit_vs_probe_optimizer": result["kit_s"] / result["probe_optimizer_s"]}  # fmt: skip
+    return {**result, **ratios, "all": seen, "rounds": rounds}
+
+
+def markdown(r: dict) -> list[str]:
+    every = lambda k: ", ".join(f"{v:.1f}" for v in r["all"][k])  # noqa: E731
+    return [
+        f"- Recovery, from the failure to the next attempt's first step (2 nodes x 2 ranks, median of {r['rounds']}):",
+        f"  in the allocation (`restarts=1 spare_nodes=1`, the second node's ranks killed) **{r['in_allocation_s']:.1f} s**"
+        f" ({every('in_allocation_s')}); a requeue (`scontrol requeue` at the same step) **{r['requeue_s']:.1f} s**"
+        f" ({every('requeue_s')}).",
+        f"- Start-up, which a restart pays again: submission to the kit's first training step {r['kit_s']:.1f} s"
+        f" ({every('kit_s')}) vs a minimal probe (srun, `init_process_group`, one all_reduce) {r['probe_s']:.1f} s"
+        f" ({every('probe_s')}): **ratio {r['kit_vs_probe']:.2f}** (goal <= 1.5). The same probe that also builds"
+        f" one torch optimizer, as every training program does (its first one imports torch._dynamo, about 1 s of"
+        f" CPU per rank): {r['probe_optimizer_s']:.1f} s ({every('probe_optimizer_s')}), **ratio"
+        f" {r['kit_vs_probe_optimizer']:.2f}**.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from cluster import minicluster
+
+    parser = argparse.ArgumentParser(prog="python -m cluster.restart_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if not minicluster.is_up():
+        print("error: the SLURM minicluster is not up (make minicluster)", file=sys.stderr)
+        return 2
+    result = measure(args.rounds)
+    print(json.dumps(result, indent=1) if args.json else "\n".join(markdown(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
