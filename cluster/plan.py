@@ -2,8 +2,10 @@
 
 This is the one place that answers "which GPU does rank 13 get?": ranks fill nodes in
 order (rank = node * tasks_per_node + local_rank, as srun's block distribution does), and
-with ``gpu_binding: per_task`` local rank ``l`` owns the node's GPUs ``l*k .. l*k+k-1``
-(``k`` = GPUs per task), which SLURM exposes to it as its CUDA_VISIBLE_DEVICES.
+with ``gpu_binding: per_task`` local rank ``l`` owns the job's GPUs ``l*k .. l*k+k-1`` on its
+node (``k`` = GPUs per task), which SLURM exposes to it as its CUDA_VISIBLE_DEVICES. The
+numbers count the job's own GPUs on the node, as CUDA_VISIBLE_DEVICES does where cgroups
+constrain devices; without them SLURM shows the physical indices it picked.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class RankSlot:
     node: int
     host: str
     local_rank: int
-    gpus: tuple[int, ...]  # physical GPU indices on the node
+    gpus: tuple[int, ...]  # the job's GPUs on the node, numbered from 0
     visible_devices: str  # CUDA_VISIBLE_DEVICES the task sees ("" without GPUs)
     device: str  # the torch device the rank uses
     coords: dict[str, int] | None

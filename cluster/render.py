@@ -114,11 +114,12 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
     ]
     if spec.nodes + spec.spare_nodes > 1:
         lines += [
-            "# The guard: if the node running this script dies, SLURM keeps the allocation (--no-kill) but",
-            "# nothing would start the next attempt; a step on another node then requeues the job.",
+            "# The guard: if the node running this script dies, SLURM may keep the allocation (--no-kill) with",
+            "# nothing to start the next attempt; a step on another node then requeues the job. (srun's own",
+            "# words, such as the guard's end when the job ends, go to the guard's log, not to the job's.)",
             'GUARD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME" | tail -n 1)"',
             f'srun --overlap --no-kill --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" "--output=$JOB_DIR/{paths.GUARD_LOG}" \\',
-            f'  {helper} guard "$JOB_DIR" --batch-node "$SLURMD_NODENAME" &',
+            f'  {helper} guard "$JOB_DIR" --batch-node "$SLURMD_NODENAME" 2>>"$JOB_DIR/{paths.GUARD_LOG}" &',
         ]
     return lines
 

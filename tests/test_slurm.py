@@ -48,6 +48,22 @@ def test_two_node_ddp_job_trains_with_a_log_per_rank(tmp_path):
     assert all((job_dir / f"rank_{r:05d}.log").exists() for r in range(4))
 
 
+def gpus_per_node(plan: dict, seen: list[str]) -> dict[int, list[int]]:
+    """The GPUs SLURM gave the job on each node: the union of what its tasks there saw."""
+    gpus: dict[int, set[int]] = {}
+    for slot, visible in zip(plan["ranks"], seen):
+        gpus.setdefault(slot["node"], set()).update(int(i) for i in visible.split(","))
+    assert all(len(g) == plan["tasks_per_node"] * plan["gpus_per_task"] for g in gpus.values()), gpus
+    return {node: sorted(g) for node, g in gpus.items()}
+
+
+def on_the_nodes_gpus(slot: dict, gpus: dict[int, list[int]]) -> str:
+    """The plan numbers the job's own GPUs on a node from 0, as CUDA_VISIBLE_DEVICES does where
+    cgroups constrain devices (GPU clusters). The minicluster has no cgroups: tasks see physical
+    indices, which SLURM picks (once, in CI, a job alone on the cluster got GPUs 2,3 of a node)."""
+    return ",".join(str(gpus[slot["node"]][int(i)]) for i in slot["visible_devices"].split(","))
+
+
 @pytest.mark.parametrize(
     "job, overrides",
     [
@@ -63,15 +79,19 @@ def test_plan_matches_what_tasks_saw(job, overrides, tmp_path):
     result, info = submit(job, tmp_path, *FIT, *overrides, *steps)
     assert result.returncode == 0, result.stdout + result.stderr
     job_dir = next(tmp_path.glob(f"*/{info['job_id']}"))
-    for slot in plan["ranks"]:
-        start = next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")
+    starts = [
+        next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")
+        for slot in plan["ranks"]
+    ]
+    gpus = gpus_per_node(plan, [start["env"]["launcher_vars"]["CUDA_VISIBLE_DEVICES"] for start in starts])
+    for slot, start in zip(plan["ranks"], starts):
         env, seen = start["env"], start["env"]["launcher_vars"]
         assert env["launcher"] == "slurm"
         assert int(seen["SLURM_PROCID"]) == env["rank"] == slot["rank"]
         assert int(seen["SLURM_NODEID"]) == env["node_rank"] == slot["node"]
         assert seen["SLURMD_NODENAME"] == f"n{slot['node'] + 1}"
         assert env["local_rank"] == slot["local_rank"]
-        assert seen["CUDA_VISIBLE_DEVICES"] == slot["visible_devices"]
+        assert seen["CUDA_VISIBLE_DEVICES"] == on_the_nodes_gpus(slot, gpus)
         if slot["coords"]:
             assert start["coords"] == slot["coords"]
 
@@ -366,6 +386,42 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
 
 
+def kill_ranks_at_step(job_id: str, job_dir: Path, ranks: tuple[int, ...], step: int) -> None:
+    """Kills the ranks once each has logged `step`; the job must then go on and end by itself."""
+    try:
+        for start in [wait_for_step(job_dir, rank, step) for rank in ranks]:
+            kill_rank(start)
+    finally:
+        state = ended_by_itself(job_id)
+    assert state in ("COMPLETED", "GONE")
+
+
+def two_attempts(job_dir: Path) -> tuple[dict, dict, dict]:
+    """The report of a job that ended well with 4 ranks completed after one restart, and its attempts."""
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and report["completed"] == 4, report
+    first, second = report["attempts"]
+    return report, first, second
+
+
+def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_checkpoint(tmp_path):
+    """jobs/train_cnn.py knows nothing of the kit: the ranks of its second node are killed at
+    step 60 or so, the kit starts it again on n1 and the spare, and it resumes from the
+    checkpoint it saved itself (--ckpt, every 50 steps)."""
+    ckpt = tmp_path / "cnn.pt"
+    args = ["--steps", "200", "--log-every", "10", "--ckpt", str(ckpt), "--ckpt-every", "50"]
+    program = [f"program.args={json.dumps(args)}", "restarts=1", "spare_nodes=1"]
+    result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, *program, wait=False)
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    kill_ranks_at_step(info["job_id"], job_dir, (2, 3), 60)
+    report, first, second = two_attempts(job_dir)
+    assert second["nodes"] == ["n1", "n3"]
+    assert [node for node, _ in first["excluded"]] == ["n2"] and first["recovery_s"] > 0
+    resumed = (job_dir / "rank_00000.attempt1.log").read_text()
+    assert f"resumed from {ckpt} at step" in resumed, resumed[-2000:]
+
+
 def test_when_the_batch_node_fails_slurm_requeues_the_job_and_its_attempts_go_on(tmp_path, uninterrupted):
     """2 nodes, restarts; n1, which runs the batch script, fails at step 120 or so. The
     allocation cannot go on, so the fallback is a requeue (restarts imply --requeue): SLURM
@@ -431,17 +487,10 @@ def test_with_no_spare_left_the_job_goes_on_with_fewer_nodes_and_the_same_loss(t
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, *fewer, "train.steps=220", "train.log_every=20",
                           "train.ckpt_every=50", wait=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
-    try:
-        starts = [wait_for_step(job_dir, rank, 110) for rank in (4, 5)]
-        for start in starts:
-            kill_rank(start)
-    finally:
-        state = ended_by_itself(job_id)
-    assert state in ("COMPLETED", "GONE")
-    code, report = logs_json(job_dir)
-    first, second = report["attempts"]
-    assert code.returncode == 0 and report["world_size"] == 4 and report["completed"] == 4
+    job_dir = tmp_path / "multi-node" / info["job_id"]
+    kill_ranks_at_step(info["job_id"], job_dir, (4, 5), 110)
+    report, first, second = two_attempts(job_dir)
+    assert report["world_size"] == 4
     assert (first["nodes"], second["nodes"]) == (["n1", "n2", "n3"], ["n1", "n2"])
     assert [node for node, _ in first["excluded"]] == ["n3"] and "going on with 2 node(s)" in first["why"]
     assert [r["state"] for r in report["ranks"][4:]] == ["retired", "retired"]
@@ -506,11 +555,12 @@ def test_your_own_script_on_two_nodes_sees_the_planned_environment(launcher, tmp
     assert result.returncode == 0, result.stdout + result.stderr
     job_dir = tmp_path / "cnn" / info["job_id"]
     nodes = {}
-    for slot in plan["ranks"]:
-        env = seen_env(job_dir / f"rank_{slot['rank']:05d}.log")
+    envs = [seen_env(job_dir / f"rank_{slot['rank']:05d}.log") for slot in plan["ranks"]]
+    gpus = gpus_per_node(plan, [env["CUDA_VISIBLE_DEVICES"] for env in envs])
+    for slot, env in zip(plan["ranks"], envs):
         start = next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")
         assert (int(env["RANK"]), int(env["LOCAL_RANK"]), env["WORLD_SIZE"]) == (slot["rank"], slot["local_rank"], "4")
-        assert env["CUDA_VISIBLE_DEVICES"] == slot["visible_devices"] and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["CUDA_VISIBLE_DEVICES"] == on_the_nodes_gpus(slot, gpus) and env["LOCAL_WORLD_SIZE"] == "2"
         nodes.setdefault(env["GROUP_RANK"], set()).add(start["env"]["launcher_vars"]["SLURMD_NODENAME"])
         if launcher == "per_task":  # srun's block distribution, as planned
             assert int(env["GROUP_RANK"]) == slot["node"]
