@@ -290,14 +290,16 @@ def cmd_snapshot(args) -> int:
     submit.signal_ranks(plan["cluster"], job_dir, pids_by_host, DUMP_SIGNAL)
     found: dict = {}
 
-    def every_stack() -> bool:
+    def every_stack(whole: bool = True) -> bool:
         for r in live:
             if r.rank not in found and (stack := stacks.last_stack(Path(r.log), since=sizes[r.rank])):
-                found[r.rank] = stack
+                if stack.whole or not whole:
+                    found[r.rank] = stack
         return len(found) == len(live)
 
     with contextlib.suppress(WaitTimeout):  # the verdict names the ranks that did not answer
         wait_until(every_stack, args.timeout, "every rank's stack")
+    every_stack(whole=False)  # a dump cut short (deeper than faulthandler writes): what there is
     verdict = stacks.classify(found, {}, snapshot=True)
     verdict["missing"] = sorted({r.rank for r in live} - set(found))
     if args.native and submit.py_spy():

@@ -11,10 +11,10 @@ asks between attempts. It runs on the batch node, in the job's environment.
     start the next attempt; the requeue is the fallback where the allocation cannot go on.
 ``python -P -m cluster.attempts next JOB_DIR --exit-code N``
     triages the attempt that just ended (``cluster.logs``: the first failure's rank and node,
-    or a hang's culprit), records it, and prints the next attempt the same way: the culprit's
-    node is replaced by a spare when one is left, or left out when ``min_nodes`` allows fewer
-    nodes. Exits instead (the job's exit code) when the failure is deterministic
-    (``DETERMINISTIC_EXIT``) or no restart is left.
+    a hang's culprit, or the ranks that never joined the attempt's preflight), records it, and
+    prints the next attempt the same way: the culprit's node is replaced by a spare when one is
+    left, or left out when ``min_nodes`` allows fewer nodes. Exits instead (the job's exit
+    code) when the failure is deterministic (``DETERMINISTIC_EXIT``) or no restart is left.
 
 Each attempt's start and end go to ``attempts.jsonl`` in the job directory, for
 ``cluster logs`` and ``cluster status``: the nodes, why it ended, the culprit, the node
@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster import paths
-from train.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step, read_records
+from train.protocol import (
+    DETERMINISTIC_EXIT,
+    latest_checkpoint_step,
+    never_joined,
+    never_joined_message,
+    read_records,
+)
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
 NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")
@@ -65,9 +71,10 @@ def decide(
     """What follows an attempt that failed. Pure.
 
     ``ended``: the end records of the earlier attempts; ``failure``: this one's (``error``,
-    ``step``, ``node`` of the culprit); ``allocation``: every node of the job, spares included,
-    in SLURM's order; ``nodes``: this attempt's; ``down``: nodes SLURM reports down;
-    ``min_nodes``: the fewest nodes the job may go on with (0: as many as this attempt)."""
+    ``step``, ``node`` of the culprit, ``suspects``: several nodes); ``allocation``: every node
+    of the job, spares included, in SLURM's order; ``nodes``: this attempt's; ``down``: nodes
+    SLURM reports down; ``min_nodes``: the fewest nodes the job may go on with (0: as many as
+    this attempt)."""
     error = failure.get("error") or ""
     if exit_code == CONFIG_EXIT or NOT_RESTARTABLE.search(error):
         return Decision("deterministic", f"no restart mends it: {error or f'exit code {exit_code}'}")
@@ -80,9 +87,9 @@ def decide(
         return Decision("exhausted", f"all {restarts} restart(s) used")
     excluded = {e_node for e in ended for e_node, _ in e.get("excluded", [])}
     bad = [(n, "SLURM reports it down") for n in nodes if n in down]
-    culprit = failure.get("node")
-    if culprit and culprit in nodes and culprit not in down:
-        bad.append((culprit, f"the culprit's node: rank {failure.get('rank')}, {error[:120]}"))
+    why = f"the culprit's node: rank {failure.get('rank')}, {error[:120]}"
+    # suspects: the nodes of every rank that never joined the preflight; else the culprit's
+    bad += [(c, why) for c in failure.get("suspects") or [failure.get("node")] if c in nodes and c not in down]
     spares = [n for n in allocation if n not in nodes and n not in excluded and n not in down]
     keep = [n for n in nodes if n not in {b for b, _ in bad}]
     if len(keep) + len(spares) < len(nodes):
@@ -123,9 +130,14 @@ def append(job_dir: Path, record: dict) -> None:
         f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
 
+def planned(job_dir: Path) -> dict:
+    """The plan as submitted (plan.json)."""
+    return json.loads((job_dir / paths.PLAN).read_text())
+
+
 def planned_nodes(job_dir: Path) -> tuple[int, int, int]:
     """(nodes per attempt, restarts, min_nodes) as planned and submitted."""
-    plan = json.loads((job_dir / paths.PLAN).read_text())
+    plan = planned(job_dir)
     return plan["nodes"], plan.get("restarts", 0), plan.get("min_nodes", plan["nodes"])
 
 
@@ -143,7 +155,7 @@ def start(job_dir: Path, say=print) -> str:
     starts, ends = ([r for r in records if r["event"] == event] for event in ("start", "end"))
     if starts and (not ends or ends[-1]["attempt"] != starts[-1]["attempt"]):
         cut = starts[-1]
-        failure = the_failure(job_dir, cut["nodes"], cut["time"])
+        failure = the_failure(job_dir, cut)
         down = down_nodes(cut["nodes"])
         excluded = [[n, "SLURM reports it down"] for n in cut["nodes"] if n in down]
         why = "the allocation ended under it (its batch node failed, or the job was requeued); SLURM requeued the job"
@@ -161,12 +173,22 @@ def start(job_dir: Path, say=print) -> str:
     return begin(job_dir, sum(r["event"] == "start" for r in records), usable[:count])
 
 
-def the_failure(job_dir: Path, nodes: list[str], since: float) -> dict:
-    """This attempt's first failure, as ``cluster logs`` names it, with its node's name.
-    ``since``: when the attempt began; where no rank wrote anything after it, none started
-    (srun refused the step) and the logs tell of an earlier attempt, not of this one."""
+def the_failure(job_dir: Path, attempt: dict) -> dict:
+    """The first failure of an attempt (its start record), as ``cluster logs`` names it, with
+    its node's name; or the ranks that never joined its preflight, and their nodes. Where no
+    rank wrote anything after the attempt began, none started (srun refused the step) and the
+    logs tell of an earlier attempt, not of this one."""
     from cluster.logs import inspect
 
+    nodes, since = attempt["nodes"], attempt["time"]
+    preflight = paths.preflight_log(job_dir, 0, attempt["attempt"])
+    missing = never_joined(preflight.read_text(errors="replace")) if preflight.exists() else []
+    if missing:
+        per_node = planned(job_dir)["tasks_per_node"]
+        suspects = [n for i, n in enumerate(nodes) if any(r // per_node == i for r in missing)]
+        error = f"preflight: {never_joined_message(missing)} (on {', '.join(suspects)})"
+        return {"rank": missing[0], "node": suspects[0] if suspects else None, "suspects": suspects,
+                "error": error, "failed_at": preflight.stat().st_mtime, "hang": False, "step": None}  # fmt: skip
     report = inspect(job_dir, running=False)
     if not any(r.last_time and r.last_time >= since for r in report.ranks):
         error = "no rank started (srun could not start the step: see the batch log)"
@@ -193,7 +215,7 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
     ended = [r for r in records if r["event"] == "end"]
     _, restarts, min_nodes = planned_nodes(job_dir)
     allocation = allocation_nodes()
-    failure = the_failure(job_dir, current["nodes"], current["time"])
+    failure = the_failure(job_dir, current)
     down = down_nodes(allocation)
     decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down, min_nodes)
     checkpoint = latest_checkpoint_step(job_dir)
@@ -212,11 +234,12 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
         return exit_code or 1, ""
     for node, why in decision.excluded:
         say(f"excluded {node}: {why}")
-    resume = (
-        f"from checkpoint step {checkpoint}"
-        if checkpoint is not None
-        else "(no kit checkpoint: the program resumes itself)"
-    )
+    if checkpoint is not None:
+        resume = f"from checkpoint step {checkpoint}"
+    elif planned(job_dir).get("program") is None:
+        resume = "from the start (no checkpoint yet)"
+    else:
+        resume = "(your program resumes from its own checkpoint, if it keeps one)"
     say(f"restart {restarts_used(ended) + 1} of {restarts} on {','.join(decision.nodes)} {resume}: {decision.why}")
     return 0, begin(job_dir, current["attempt"] + 1, decision.nodes)
 
@@ -271,7 +294,8 @@ def format_attempts(attempts: list[dict], restarts: int, last: str = "the last o
             lines.append(line + f"{last} (its ranks are above)")
             continue
         culprit = f"rank {a['rank']} on {a['node']}" if a.get("rank") is not None else "no rank named"
-        line += f"failed at step {a.get('step', '-')} ({culprit}): {(a.get('error') or '')[:100]}"
+        at = f"at step {a['step']}" if a.get("step") is not None else "before its first step"
+        line += f"failed {at} ({culprit}): {(a.get('error') or '')[:100]}"
         lines.append(line)
         for node, why in a.get("excluded", []):
             lines.append(f"    excluded {node}: {why[:100]}")

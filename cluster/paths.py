@@ -11,6 +11,7 @@
     rank_00003.attempt1.log                the same rank after the first requeue
     rank_00003.jsonl                       rank 3's JSON records (train.protocol)
     preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
+    preflight_00003.attempt1.log           the same, before the first restart's training (restarts)
     checkpoints/                           train.ckpt_every: step_NNNNNNN/ and the latest pointer
 """
 
@@ -31,7 +32,7 @@ GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when it
 # srun's per-task output pattern: %5t is the task id zero-padded to 5, as log_name() writes it;
 # ATTEMPT_SUFFIX is set by the rendered script from SLURM_RESTART_COUNT (or the restart loop's attempt).
 SRUN_RANK_LOG = "rank_%5t${ATTEMPT_SUFFIX}.log"
-SRUN_PREFLIGHT_LOG = "preflight_%5t.log"  # as protocol.preflight_log_name() writes it
+SRUN_PREFLIGHT_LOG = "preflight_%5t${ATTEMPT_SUFFIX}.log"  # as protocol.preflight_log_name() writes it
 # program.launcher=torchrun: the torchrun agent of node 3 (its workers write rank logs themselves)
 SRUN_NODE_LOG = "node_%5t${ATTEMPT_SUFFIX}.log"
 
@@ -59,8 +60,8 @@ def rank_log(directory: Path, rank: int, attempt: int = 0) -> Path:
     return directory / log_name(rank, attempt)
 
 
-def preflight_log(directory: Path, rank: int) -> Path:
-    return directory / preflight_log_name(rank)
+def preflight_log(directory: Path, rank: int, attempt: int = 0) -> Path:
+    return directory / preflight_log_name(rank, attempt)
 
 
 def rank_records(directory: Path, rank: int) -> Path:

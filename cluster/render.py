@@ -84,16 +84,20 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str
     lines += [plan_json, "PLAN_JSON"]
     if request.restarts:
         lines += ["", *attempts_start(spec, plan, request)]
+    comments, commands = [], []
     for step in request.steps:
         srun = ["srun", *request.srun, *step.srun, f"--output=$JOB_DIR/{step.output}"]
-        comment = {
+        comments.append({
             "preflight": "# Preflight: every rank joins, collectives verified, bus bandwidth measured.",
             "train": "# The ranks." if request.launcher == "per_task" else "# One torchrun agent per node.",
-        }[step.name]
-        command = " \\\n  ".join([*(_q(w) for w in srun), " ".join(_q(w) for w in step.command)])
-        if step.name == "train" and request.restarts:
-            lines += ["", comment, *attempts_loop(plan, request, command)]
-        else:
+        }[step.name])  # fmt: skip
+        commands.append(" \\\n  ".join([*(_q(w) for w in srun), " ".join(_q(w) for w in step.command)]))
+    if request.restarts:
+        # Each attempt runs every step on its own nodes: the preflight of a restart checks the
+        # spare, and a rank that never joins names its node (cluster.attempts leaves it out).
+        lines += ["", *comments, *attempts_loop(plan, request, " && \\\n".join(commands))]
+    else:
+        for comment, command in zip(comments, commands):
             lines += ["", comment, command]
     return "\n".join(lines) + "\n"
 

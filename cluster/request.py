@@ -24,6 +24,7 @@ from cluster import paths
 from cluster.plan import Plan, gpu_binding
 from cluster.spec import JobSpec
 
+PREFLIGHT_JOIN_TIMEOUT_S = 120.0  # how long preflight's rank 0 waits for every rank (spec.stall_timeout_s if set)
 VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")  # the local launcher's
 # spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
 # gets from cluster.attempts (fewer than planned once min_nodes let the job go on without one)
@@ -143,7 +144,8 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
     per_rank = (*on_nodes, f"--ntasks={ATTEMPT_NTASKS}") if spec.restarts else ()
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
     if spec.preflight or preflight_only:
-        check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", "--join-timeout-s=120"])
+        join = f"--join-timeout-s={spec.stall_timeout_s or PREFLIGHT_JOIN_TIMEOUT_S:g}"
+        check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", join])
         steps.append(Step("preflight", plan.tasks_per_node, per_rank, paths.SRUN_PREFLIGHT_LOG, tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":

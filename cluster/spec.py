@@ -219,6 +219,7 @@ class JobSpec:
     # Stall watchdog for any program: a rank with no optimizer step for this long writes every
     # thread's stack to its log and exits 1 (0 = off). For the built-in trainer it sets
     # train.stall_timeout_s; a user's program is watched from its first optimizer step on.
+    # With preflight, it is also how long rank 0 waits for every rank to join (default 120 s).
     stall_timeout_s: float | None = None
     # The built-in trainer's configuration, passed unchanged to every rank (not with program:).
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -53,6 +53,8 @@ HANG_ERROR = re.compile(r"monitoredBarrier|Detected mismatch between collectives
 ROOT = str(Path(__file__).resolve().parents[1]) + "/"
 # Where a rank is between its program's end and its exit: the kit's entry points.
 TEARDOWN_FILES = re.compile(r"train/(__main__|runner|shim)\.py$")
+# The outermost frame of a main thread: `python -m ...`, or a script or `python -c`.
+ENTRY_FUNCS = ("_run_module_as_main", "<module>")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,9 @@ class Stack:
     frames: list[Frame]  # innermost first
     kind: str  # "stall" (watchdog), "dump" (signal or snapshot) or "traceback"
     header: str = ""  # the line before a dump's first thread: the watchdog's "Timeout (0:00:25)!"
+    # A dump is written thread by thread, the main thread last and outermost frame last: one
+    # read while the rank still writes it lacks the frames that place it (seen under load).
+    whole: bool = True
 
     def in_teardown(self) -> bool:
         """Printing a traceback, or back in the entry point after the program ended: a rank
@@ -131,7 +136,8 @@ def last_dump(text: str) -> Stack:
     # The training thread: not one started by ``threading`` (outermost frame ``_bootstrap``).
     mains = [frames for frames in threads if frames and frames[-1].func != "_bootstrap"]
     header = dump[0][1].strip()
-    return Stack((mains or threads)[-1], "stall" if header.startswith(STALL_HEADER) else "dump", header)
+    whole = bool(mains) and mains[-1][-1].func in ENTRY_FUNCS
+    return Stack((mains or threads)[-1], "stall" if header.startswith(STALL_HEADER) else "dump", header, whole)
 
 
 def last_stack(path: Path, since: int = 0) -> Stack | None:

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from cluster.attempts import Decision, decide, format_attempts, summary
-from train.protocol import record_name
+from cluster.attempts import Decision, decide, format_attempts, summary, the_failure
+from train.protocol import never_joined_message, preflight_log_name, record_name
 
 ALLOC = ["n1", "n2", "n3"]
 CRASH = {"rank": 3, "node": "n2", "error": "RuntimeError: boom", "step": 120}
@@ -36,6 +36,8 @@ def ended(error="RuntimeError: boom", step=120, excluded=()):
         ([], CRASH | {"error": "ModuleNotFoundError: No module named 'x'"}, 1, ["n1", "n2"], set(), ("deterministic", (), ())),
         # every restart used
         ([ended("a", 1), ended("b", 2)], CRASH, 1, ["n1", "n2"], set(), ("exhausted", (), ())),
+        # ranks that never joined the preflight: their node is the suspect
+        ([], CRASH | {"suspects": ["n2"]}, 1, ["n1", "n2"], set(), ("restart", ("n1", "n3"), ("n2",))),
         # a requeue (the batch node lost) is SLURM's, not one of the restarts
         ([ended("a", 1), ended("b", 2) | {"verdict": "requeued"}], CRASH, 1, ["n1", "n2"], set(), ("restart", ("n1", "n3"), ("n2",))),
     ],
@@ -57,6 +59,8 @@ def test_what_follows_a_failed_attempt(history, failure, exit_code, nodes, down,
         ([ended("x", 5, [("n3", "")])], CRASH, ["n1", "n2"], set(), 2, ("restart", ("n1", "n2"), ())),
         # two nodes down at once, min_nodes 1: going on with the one left
         ([], CRASH | {"node": None}, ALLOC, {"n1", "n3"}, 1, ("restart", ("n2",), ("n1", "n3"))),
+        # ranks of two nodes never joined the preflight: both left out
+        ([], CRASH | {"suspects": ["n2", "n3"]}, ALLOC, set(), 1, ("restart", ("n1",), ("n2", "n3"))),
         # down below min_nodes: nothing to go on with
         ([], CRASH | {"node": None}, ALLOC, {"n1", "n3"}, 2, ("no_nodes", (), ())),
     ],
@@ -85,3 +89,13 @@ def test_the_attempt_record_counts_recomputed_steps_and_recovery_time(tmp_path):
     assert "ATTEMPTS: 2 (1 of 3 restart(s) used)" in text
     assert "excluded n2: the culprit's node" in text and "20 step(s) recomputed since checkpoint 100" in text
     assert "10.5 s from the failure to the next first step" in text
+
+
+def test_ranks_that_never_joined_the_preflight_name_their_nodes(tmp_path):
+    """What preflight's rank 0 printed in the attempt's log names the suspects: rank r runs on
+    the attempt's node r // tasks_per_node (srun's block distribution)."""
+    (tmp_path / "plan.json").write_text(json.dumps({"tasks_per_node": 2, "nodes": 3}))
+    (tmp_path / preflight_log_name(0, 1)).write_text(f"preflight FAILED: {never_joined_message([2, 5])} within 20 s\n")
+    failure = the_failure(tmp_path, {"attempt": 1, "nodes": ["n1", "n3", "n4"], "time": 0.0})
+    assert failure["suspects"] == ["n3", "n4"] and failure["rank"] == 2
+    assert failure["error"] == "preflight: rank(s) [2, 5] never joined (on n3, n4)"

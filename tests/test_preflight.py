@@ -44,4 +44,4 @@ def test_preflight_key_renders_a_preflight_step():
     plan = make_plan(spec)
     text = render(spec, plan, make_request(spec, plan, "python3"))
     assert text.index("-m train.preflight") < text.index("-m train --timestamps")
-    assert "preflight_%5t.log" in text
+    assert "preflight_%5t${ATTEMPT_SUFFIX}.log" in text

@@ -422,6 +422,32 @@ def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_chec
     assert f"resumed from {ckpt} at step" in resumed, resumed[-2000:]
 
 
+NEVER_STARTS_ON_N2 = """
+import os, time
+if os.environ.get("SLURMD_NODENAME") == "n2" and os.environ.get("KIT_ATTEMPT") == "0":
+    time.sleep(3600)  # Python never gets going on this node (a hung file system, say)
+"""
+
+
+def test_a_rank_that_never_joins_the_preflight_has_its_node_left_out(tmp_path):
+    """preflight: true with restarts: every attempt checks its nodes first. In the first, the
+    ranks of n2 never get past Python's start-up (a sitecustomize on PYTHONPATH sleeps there):
+    preflight's rank 0 names them after the join timeout (stall_timeout_s), n2 is left out and
+    the job trains on n1 and the spare."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(NEVER_STARTS_ON_N2)
+    checked = ["restarts=1", "spare_nodes=1", "preflight=true", "stall_timeout_s=20", f"env.PYTHONPATH={hook}"]
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", *checked, "train.steps=40",
+                          "train.log_every=20", "train.eval_every=40")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_dir = tmp_path / "multi-node" / info["job_id"]
+    report, first, second = two_attempts(job_dir)
+    assert first["error"].startswith("preflight: rank(s) [2, 3] never joined (on n2)"), first
+    assert [node for node, _ in first["excluded"]] == ["n2"] and second["nodes"] == ["n1", "n3"]
+    assert "preflight OK" in (job_dir / "preflight_00000.attempt1.log").read_text()
+
+
 def test_when_the_batch_node_fails_slurm_requeues_the_job_and_its_attempts_go_on(tmp_path, uninterrupted):
     """2 nodes, restarts; n1, which runs the batch script, fails at step 120 or so. The
     allocation cannot go on, so the fallback is a requeue (restarts imply --requeue): SLURM

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from train.collectives import check_collectives, format_row, sweep
 from train.dist_env import DistEnv, from_environ
 from train.output import redirect_to, timestamp_lines
-from train.protocol import preflight_log_name
+from train.protocol import never_joined_message, preflight_log_name
 
 
 def local_facts(env: DistEnv) -> dict:
@@ -60,7 +60,7 @@ def rendezvous(env: DistEnv, join_timeout_s: float) -> tuple[dist.TCPStore, list
     joined = [r for r, k in enumerate(keys) if store.check([k])]
     missing = sorted(set(range(env.world_size)) - set(joined))
     if missing:
-        print(f"preflight FAILED: rank(s) {missing} never joined within {join_timeout_s:.0f} s "
+        print(f"preflight FAILED: {never_joined_message(missing)} within {join_timeout_s:.0f} s "
               f"(joined: {len(joined)}/{env.world_size}); their nodes are the suspects", flush=True)  # fmt: skip
         return store, None
     return store, [json.loads(store.get(k)) for k in keys]

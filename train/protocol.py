@@ -53,6 +53,18 @@ ATTEMPT_VAR = "KIT_ATTEMPT"
 # after a restart, a bad configuration, an import error) and is therefore not restarted: a
 # scheduler wrapper or a person can tell "do not retry" from any rank's own exit code.
 DETERMINISTIC_EXIT = 87
+# What preflight's rank 0 prints when ranks never joined; with restarts, their nodes are left out.
+NEVER_JOINED = re.compile(r"rank\(s\) \[([\d, ]+)\] never joined")
+
+
+def never_joined_message(missing: list[int]) -> str:
+    return f"rank(s) {missing} never joined"
+
+
+def never_joined(text: str) -> list[int]:
+    found = NEVER_JOINED.search(text)
+    return [int(rank) for rank in found.group(1).split(",")] if found else []
+
 
 # ----------------------------------------------------------------------------- timestamps
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
@@ -97,13 +109,17 @@ def record_name(rank: int) -> str:
     return f"rank_{rank:05d}.jsonl"
 
 
-def preflight_log_name(rank: int) -> str:
-    return f"preflight_{rank:05d}.log"
+def preflight_log_name(rank: int, attempt: int = 0) -> str:
+    return _per_attempt(f"preflight_{rank:05d}", attempt)
 
 
 def log_name(rank: int, attempt: int = 0) -> str:
     """A rank's stdout+stderr file; each requeued attempt gets its own."""
-    return f"rank_{rank:05d}.log" if attempt == 0 else f"rank_{rank:05d}.attempt{attempt}.log"
+    return _per_attempt(f"rank_{rank:05d}", attempt)
+
+
+def _per_attempt(stem: str, attempt: int) -> str:
+    return f"{stem}.log" if attempt == 0 else f"{stem}.attempt{attempt}.log"
 
 
 class RecordWriter:
