@@ -207,11 +207,15 @@ def fail(node: str) -> None:
     if node not in NODES:
         raise SystemExit(f"minicluster: no node {node!r} (nodes: {', '.join(NODES)})")
     steps = node_processes(node)
-    for pid in [*slurmd_pids(node), *steps]:  # the daemon first: nothing left to report the steps' end
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # Frozen first, then killed: a machine stops all at once, but one kill after another let a
+    # process see another die and act on it (seen in CI: the batch node's srun cancelled the
+    # job's step on another node as its helper process died).
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in [*slurmd_pids(node), *steps]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     say(f"failed {node}: its slurmd and {len(steps)} process(es) of its job steps killed")
 
 
