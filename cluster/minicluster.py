@@ -181,42 +181,67 @@ def stop() -> None:
     say("stopped")
 
 
-def node_processes(node: str) -> list[int]:
-    """The processes of ``node``'s job steps: every task (its environment names the node) and
-    the slurmstepd above it."""
-    found = []
+def process_parents() -> dict[int, int]:
+    """Every process on the machine and its parent."""
+    parents = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            parents[int(pid)] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return parents
+
+
+def node_processes(node: str, parents: dict[int, int]) -> set[int]:
+    """The processes of ``node``'s job steps: every task (its environment names the node), the
+    slurmstepd above it and everything below it."""
+    found = set()
+    for pid, parent in parents.items():
+        try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
             above = Path(f"/proc/{parent}/cmdline").read_bytes()
         except OSError:  # gone meanwhile, or not ours to read
             continue
         if f"SLURMD_NODENAME={node}".encode() in env:
-            found.append(int(pid))
+            found.add(pid)
             if above.startswith(b"slurmstepd"):
-                found.append(int(parent))
-    return sorted(set(found))
+                found.add(parent)
+    return found
+
+
+def depth(pid: int, parents: dict[int, int]) -> int:
+    """How many ancestors ``pid`` has."""
+    n = 0
+    while pid in parents and parents[pid] != pid:
+        pid, n = parents[pid], n + 1
+    return n
 
 
 def fail(node: str) -> None:
     """A dead machine, as near as one machine can show it: ``node``'s slurmd, its job steps'
-    slurmstepd and their tasks are SIGKILLed at once, so nothing reports their end; the
+    slurmstepd and their tasks all stop and die without a word, so nothing reports their end; the
     controller marks the node down once its slurmd has been silent for SlurmdTimeout.
     ``start`` brings it back (ReturnToService=2 returns it when its slurmd registers)."""
     if node not in NODES:
         raise SystemExit(f"minicluster: no node {node!r} (nodes: {', '.join(NODES)})")
-    steps = node_processes(node)
-    # Frozen first, then killed: a machine stops all at once, but one kill after another let a
-    # process see another die and act on it (seen in CI: the batch node's srun cancelled the
-    # job's step on another node as its helper process died).
-    for sig in (signal.SIGSTOP, signal.SIGKILL):
-        for pid in [*slurmd_pids(node), *steps]:
+    parents = process_parents()
+    doomed = node_processes(node, parents) | set(slurmd_pids(node))
+    while below := {pid for pid, parent in parents.items() if parent in doomed} - doomed:
+        doomed |= below
+    # A real machine stops all at once; here nothing on the node may see another process die
+    # and act on it. srun forks a "shepherd" that cancels srun's step when srun dies (CI job
+    # 305: the batch node's srun cancelled the guard's step on n2). So all are frozen first, then
+    # killed children before parents: a process killed before its stopped children would leave
+    # them an orphaned process group, which the kernel wakes with SIGHUP and SIGCONT (CI job 377:
+    # srun answered that SIGHUP by killing its step, "forcing job termination").
+    top_down = sorted(doomed, key=lambda pid: depth(pid, parents))
+    for sig, order in ((signal.SIGSTOP, top_down), (signal.SIGKILL, reversed(top_down))):
+        for pid in order:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-    say(f"failed {node}: its slurmd and {len(steps)} process(es) of its job steps killed")
+    say(f"failed {node}: its slurmd and job steps frozen, then killed ({len(doomed)} processes)")
 
 
 def main(argv: list[str] | None = None) -> int:

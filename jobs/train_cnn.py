@@ -123,11 +123,13 @@ def main() -> None:
         # steps only, and all stop there (one that stopped alone would leave the others waiting).
         if done % args.log_every:
             continue
+        # `stop` is never cleared: a signal that comes during this all_reduce counts at the next.
+        agreed = bool(stop)
         if world > 1:
-            flag = torch.tensor([float(bool(stop))], device=device)
+            flag = torch.tensor([float(agreed)], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stop = [True] if flag.item() else []
-        if stop:
+            agreed = bool(flag.item())
+        if agreed:
             if args.ckpt and rank == 0:
                 save(args.ckpt, done, model, optimizer)
                 if os.environ.get("SLURM_JOB_ID"):

@@ -204,8 +204,7 @@ def test_time_limit_signal_through_submit_checkpoints_and_requeues(tmp_path):
     )
     try:
         wait_until(lambda: any(r["event"] == "preempted" for r in records()), 240, "the time-limit signal")
-        wait_state(job_id, ("PENDING",), timeout=60)  # requeued by rank 0 after the checkpoint
-        start_again(job_id)
+        wait_requeued(job_id)  # by rank 0, after the checkpoint
         wait_until(lambda: any(r["event"] == "resume" for r in records()), 120, "the second attempt to resume")
     finally:
         subprocess.run(["scancel", job_id], check=False)
@@ -279,15 +278,29 @@ def final_params(ckpt) -> dict:
     return state["model"]
 
 
-def start_again(job_id: str) -> None:
-    """A requeued job waits about two minutes before it may start; start it now, or rather
-    2 s after the last step of its previous attempt has ended on every node (all the
-    minicluster's nodes are this machine). Relaunched within the second its previous attempt
-    was killed, slurmd refuses it ("Killing non-startable batch job: Job credential revoked",
-    seen here) and the job ends CANCELLED with no second attempt (seen once in a CI run)."""
+def wait_requeued(job_id: str) -> None:
+    """Wait until SLURM has requeued the job (its Restarts count went up). PENDING alone is no
+    sign: SLURM may start a requeued job on free nodes at once, between two polls (CI job 396
+    went from n1,n2 to n2,n3 within the second).
+
+    A requeued job that waits (about two minutes) is started now, or rather 2 s after the last
+    step of its previous attempt has ended on every node (all the minicluster's nodes are this
+    machine). Relaunched within the second its previous attempt was killed, slurmd refuses it
+    ("Killing non-startable batch job: Job credential revoked", seen here) and the job ends
+    CANCELLED with no second attempt (seen once in a CI run)."""
+    from cluster.submit import slurm_job
+
+    def requeued():  # and done with its last attempt: not REQUEUED or COMPLETING (seen) any more
+        fields = slurm_job(job_id)
+        done = fields.get("JobState") not in ("REQUEUED", "COMPLETING")
+        return fields if int(fields.get("Restarts", 0)) >= 1 and done else None
+
+    if wait_until(requeued, 180, f"job {job_id} to be requeued").get("JobState") != "PENDING":
+        return
     steps = ["pgrep", "-f", rf"slurmstepd: \[{job_id}\."]
     wait_until(lambda: subprocess.run(steps).returncode == 1, 120, f"the steps of job {job_id}'s first attempt to end")
-    subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"], check=True)
+    done = subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now+2"], capture_output=True, text=True)
+    assert done.returncode == 0 or slurm_job(job_id).get("JobState") != "PENDING", done.stderr  # or it started
 
 
 def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> str:
@@ -323,8 +336,7 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
             subprocess.run(["scontrol", "requeue", job_id], check=True)
         else:  # what SLURM sends ahead of a time limit (--signal=USR1@...): ranks save, rank 0 requeues
             subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-        wait_state(job_id, ("PENDING",))
-        start_again(job_id)
+        wait_requeued(job_id)
         assert wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "GONE")) in ("COMPLETED", "GONE")
     finally:
         subprocess.run(["scancel", job_id], check=False)
@@ -466,8 +478,7 @@ def test_when_the_batch_node_fails_slurm_requeues_the_job_and_its_attempts_go_on
     try:
         wait_for_step(job_dir, 0, 120)
         minicluster.fail("n1")
-        wait_state(job_id, ("PENDING",))
-        start_again(job_id)
+        wait_requeued(job_id)
         state = ended_by_itself(job_id)
     finally:
         subprocess.run(["scancel", job_id], check=False)
@@ -653,8 +664,7 @@ def test_your_own_script_gets_the_signal_saves_its_checkpoint_and_resumes_after_
         wait_for_line(job_dir / "rank_00000.log", "step 30/100000", timeout=120)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
         wait_for_line(job_dir / "rank_00000.log", "checkpoint saved, job requeued", timeout=60)
-        wait_state(job_id, ("PENDING",), timeout=60)
-        start_again(job_id)
+        wait_requeued(job_id)
         wait_for_line(job_dir / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=120)
     finally:
         subprocess.run(["scancel", job_id], check=False)
