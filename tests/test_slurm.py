@@ -364,8 +364,8 @@ def ended_by_itself(job_id: str) -> str:
 @pytest.mark.parametrize("how", ["ranks killed", "node failed"])
 def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how, tmp_path, uninterrupted):
     """2 nodes + 1 spare: at step 120 or so, every rank process of the second node is killed,
-    or the node fails (minicluster.fail: its slurmd, step daemon and tasks SIGKILLed, so SLURM
-    hears nothing until it marks the node down); the job goes on by itself on n1 and the spare
+    or the node fails (minicluster.fail: its slurmd, step daemon and tasks frozen, then killed, so
+    SLURM hears nothing until it marks the node down); the job goes on by itself on n1 and the spare
     n3, from its last checkpoint."""
     import torch
 
