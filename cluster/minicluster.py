@@ -193,8 +193,8 @@ def process_parents() -> dict[int, int]:
 
 
 def node_processes(node: str, parents: dict[int, int]) -> set[int]:
-    """The processes of ``node``'s job steps: every task (its environment names the node), the
-    slurmstepd above it and everything below it."""
+    """The processes of ``node``'s job steps: every task (its environment names the node) and
+    the slurmstepd above it. (``fail`` adds the processes below them.)"""
     found = set()
     for pid, parent in parents.items():
         try:
