@@ -7,7 +7,10 @@ its standard input). The controller runs each step of the request (``cluster.req
 task with its rank's torchrun environment, its output appended to the task's log, like
 ``srun --output``. Like ``srun --kill-on-bad-exit`` it ends the step when a task fails (SIGTERM,
 then SIGKILL after KILL_WAIT_S), and it ends every task at the time limit or when it is itself
-told to stop (``cluster cancel``). Its own account goes to ``controller.log`` in the job directory.
+told to stop (``cluster cancel``). Like SLURM's ``--signal``, it sends the spec's time-limit
+signal once to every process of the running step (each task and everything it started, a
+torchrun agent's workers included) that many seconds before the time limit. Its own account
+goes to ``controller.log`` in the job directory.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from cluster.plan import Plan
 from cluster.poll import WaitTimeout, wait_until
 from cluster.request import Request, substitute
 from cluster.spec import JobSpec
-from train.protocol import master_port_for_job
+from train.protocol import master_port_for_job, parse_time_limit_signal
 
 KILL_WAIT_S = 5.0  # SLURM's KillWait of the minicluster: SIGTERM, then SIGKILL
 
@@ -76,10 +79,12 @@ def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_
                 log = str(job_dir / step.output.replace("%5t", task_id).replace("${ATTEMPT_SUFFIX}", ""))
                 tasks.append({"node": node, "command": command, "env": env, "log": log})
         steps.append({"name": step.name, "tasks": tasks})
+    signal_before_s = parse_time_limit_signal(spec.signal)[1] if spec.rank_signal else 0
     return {
         "cluster": spec.cluster,
         "steps": steps,
         "time_limit_s": spec.time_minutes * 60,
+        "time_limit_signal": [spec.rank_signal, signal_before_s] if spec.rank_signal else None,
         "cwd": os.getcwd(),
         "python": python,
     }
@@ -101,6 +106,9 @@ class Controller:
         self.launch = launch
         self.node = node
         self.deadline = time.monotonic() + launch["time_limit_s"]
+        name, before_s = launch.get("time_limit_signal") or (None, 0)
+        self.time_limit_signal = parse_time_limit_signal(name)[0] if name else None
+        self.signal_at = self.deadline - before_s
         self.stopping: str | None = None  # why the job is being ended early
         self.procs: list[subprocess.Popen] = []
         signal.signal(signal.SIGTERM, self.stop)
@@ -138,6 +146,14 @@ class Controller:
             p.send_signal(signal.SIGTERM)
         processes.kill_after([p.pid for p in live], KILL_WAIT_S, self.say)
 
+    def signal_units(self, sig: signal.Signals) -> None:
+        """Every process of the step, as SLURM's proctrack signals a step: the tasks and theirs."""
+        for pid in processes.with_descendants(p.pid for p in self.procs if p.poll() is None):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # ended since it was listed
+                pass
+
     def wait_units(self) -> list[int]:
         return [p.wait() for p in self.procs]
 
@@ -157,6 +173,10 @@ class Controller:
             if self.stopping:
                 self.say(f"{self.stopping}: ending the step")
                 self.end_units()
+            if self.time_limit_signal and time.monotonic() >= self.signal_at:
+                self.say(f"{self.time_limit_signal.name} to every process of the step: the time limit is near")
+                self.signal_units(self.time_limit_signal)
+                self.time_limit_signal = None  # once, as SLURM sends it
             return all(c is not None for c in codes)
 
         try:

@@ -20,6 +20,7 @@ import mmap
 import multiprocessing
 import os
 import re
+import signal
 import statistics
 import time
 from collections.abc import Collection
@@ -282,7 +283,10 @@ def inspect(
     ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
     program = (plan or {}).get("program") or {}
     require_progress = bool(program.get("require_progress"))
-    rank_state = functools.partial(rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress)
+    killed_by = "" if running else scheduler_kill(job_dir, plan)
+    rank_state = functools.partial(
+        rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by
+    )
     workers = min(os.cpu_count() or 1, world // PARALLEL_FROM)
     reports = None
     if workers > 1:  # byte scans and JSON parsing hold the GIL: processes, not threads
@@ -317,13 +321,14 @@ def rank_reports(
     now: float,
     silent_after_s: float,
     require_progress: bool,
+    killed_by: str,
     ranks: list[tuple[int, dict]],
 ) -> list[RankReport]:
     """Each rank's state from its records and its last log (one worker's share of ``inspect``)."""
     reports = []
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
-        final, end = False, None
+        final, end, preempted = False, None, None
         if record_name(rank) in names:
             records = list(read_records(os.path.join(job_dir, record_name(rank))))
             starts = [i for i, rec in enumerate(records) if rec.get("event") == "start"]
@@ -345,6 +350,7 @@ def rank_reports(
             # The built-in trainer's last step record says final; a user's program has an end record.
             end = next((rec for rec in reversed(attempt) if rec.get("event") == "end"), None)
             final = bool(last and last[-1].get("final")) or bool(end and end.get("exit_code") == 0)
+            preempted = next((rec for rec in attempt if rec.get("event") == "preempted"), None)
             rep.last_time = max((rec.get("time", 0) for rec in records), default=0) or None
         logs = rank_logs(job_dir, rank, names)
         rep.attempts = max(1, len(logs))
@@ -362,6 +368,8 @@ def rank_reports(
             rep.error_time = rep.last_time
         elif final:
             rep.state = "completed"
+        elif preempted is not None:  # the time-limit signal: saved and stopped, to be resumed
+            rep.state = "preempted"
         elif rep.error or (end is not None and end.get("exit_code")):
             rep.state = "failed"
             rep.error = rep.error or f"exited with code {end['exit_code']} without a traceback"
@@ -380,7 +388,7 @@ def rank_reports(
             if not logs and rep.last_time is None:  # cancelled while pending, or died starting up
                 rep.error, rep.log = scheduler_says(job_dir)
             else:
-                rep.error = scan["signal"] or "ended without an error message (killed by a signal?)"
+                rep.error = killed_by or scan["signal"] or "ended without an error message (killed by a signal?)"
                 # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
                 # dates the end, after the error of a peer that made the launcher kill it.
                 rep.last_time = max(rep.last_time or 0, scan["mtime"] or 0) or None
@@ -388,6 +396,28 @@ def rank_reports(
             rep.frames = scan.get("dump_frames", [])
         reports.append(rep)
     return reports
+
+
+def scheduler_kill(job_dir: Path, plan: dict | None) -> str:
+    """Why the scheduler ended the job's ranks, where its log says so: the time limit, or a
+    signal that killed them (srun: "tasks 2-3: User defined signal 1"), named, and said to be
+    the spec's time-limit signal when it is. "" when its log says neither."""
+    text = ""
+    for path in paths.scheduler_logs(job_dir):
+        if path.exists():
+            text += path.read_text(errors="replace")[-65536:]
+    if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
+        return "killed at the job's time limit"
+    spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
+    for sig in signal.Signals:
+        words = signal.strsignal(sig)
+        if words and re.search(rf"tasks? [\d\-,]+: {re.escape(words)}$", text, re.M):
+            name = sig.name.removeprefix("SIG")
+            why = (
+                "the spec's time-limit signal; the program has no handler" if name == spec_signal else "sent to the job"
+            )
+            return f"killed by {sig.name}: {why}"
+    return ""
 
 
 def scheduler_says(job_dir: Path) -> tuple[str, str]:
@@ -517,9 +547,17 @@ def format_report(report: Report, limit: int = 64) -> str:
     if len(shown) < len(report.ranks):
         lines.append(f"  ... {len(report.ranks) - len(shown)} more completed ranks (--json lists all)")
     lines.append("")
+    preempted = [r for r in report.ranks if r.state == "preempted"]
     lines.append(
-        f"world size {report.world_size}: {report.completed} completed" + (", job running" if report.running else "")
+        f"world size {report.world_size}: {report.completed} completed"
+        + (f", {len(preempted)} preempted" if preempted else "")
+        + (", job running" if report.running else "")
     )
+    if preempted:
+        lines.append(
+            f"ranks {compress([r.rank for r in preempted])} stopped at the time-limit signal after a checkpoint at "
+            f"step {max(r.last_step or 0 for r in preempted)}: the next run in this directory resumes from it"
+        )
     retired = [r.rank for r in report.ranks if r.state == "retired"]
     if retired:
         lines.append(f"ranks {retired[0]}-{retired[-1]} retired: the last attempt went on with fewer nodes (min_nodes)")

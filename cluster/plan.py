@@ -81,7 +81,8 @@ def plan_record(spec: JobSpec, plan: Plan) -> dict:
         if spec.restarts
         else {}
     )
-    return {"name": spec.name, "cluster": spec.cluster, "program": program, **restarts, **plan.to_json()}
+    signal = {"time_limit_signal": spec.rank_signal} if spec.rank_signal else {}
+    return {"name": spec.name, "cluster": spec.cluster, "program": program, **restarts, **signal, **plan.to_json()}
 
 
 def gpus_per_task(spec: JobSpec) -> int:

@@ -118,16 +118,25 @@ def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
     if rank_log:
         shim.append("--rank-log")
     stall = spec.stall_timeout_s if spec.stall_timeout_s is not None else spec.train.stall_timeout_s
-    shim += [f"--stall-timeout-s={stall:g}", f"--{p.kind}={p.target}"]
+    shim.append(f"--stall-timeout-s={stall:g}")
+    if spec.rank_signal:
+        shim.append(f"--time-limit-signal={spec.rank_signal}")
+    shim.append(f"--{p.kind}={p.target}")
     if p.kind == "function":
         shim.append(f"--kwargs={json.dumps(p.kwargs, sort_keys=True, separators=(',', ':'))}")
     return [*shim, "--", *p.args]
 
 
-def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str) -> list[str]:
-    """One agent per node (the TorchX and NeMo-Run convention), rendezvous on the first node."""
+def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str, time_limit_signal: str = "") -> list[str]:
+    """One agent per node (the TorchX and NeMo-Run convention), rendezvous on the first node.
+    With a time-limit signal, the agent runs in ``train.agent``, which it does not kill."""
+    agent = (
+        ["train.agent", f"--time-limit-signal={time_limit_signal}", "--"]
+        if time_limit_signal
+        else ["torch.distributed.run"]
+    )
     return [
-        python, "-P", "-m", "torch.distributed.run",
+        python, "-P", "-m", *agent,
         f"--nnodes={nodes}", f"--nproc-per-node={plan.tasks_per_node}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT", "--rdzv-id=$JOB_ID",
         "--no-python", *worker,
@@ -149,7 +158,7 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
         steps.append(Step("preflight", plan.tasks_per_node, per_rank, paths.SRUN_PREFLIGHT_LOG, tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":
-            agent = torchrun(plan, python, rank_program(spec, python, rank_log=True), nodes)
+            agent = torchrun(plan, python, rank_program(spec, python, rank_log=True), nodes, spec.rank_signal)
             srun = (*on_nodes, f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
             steps.append(Step("train", 1, srun, paths.SRUN_NODE_LOG, tuple(in_container(spec, agent)), per_rank=False))
         else:

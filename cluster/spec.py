@@ -30,6 +30,7 @@ from train.config import (
     require_positive,
     to_dict,
 )
+from train.protocol import parse_time_limit_signal
 
 # Values interpolated into #SBATCH lines and paths: no shell syntax, no spaces.
 SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]]*$")
@@ -160,14 +161,19 @@ def _check_function(key: str, target: str) -> None:
     if not sep or not name.isidentifier():
         raise ConfigError(key, f"{target!r}: expected pkg.module:function")
     found = _find_module(key, module)
-    # Read, not imported: importing would run the user's module (and its imports) here.
     if found.origin and found.origin.endswith(".py"):
+        # Read, not imported: importing would run the user's module (and its imports) here.
         tree = ast.parse(Path(found.origin).read_text(), found.origin)
         names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
         names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-        if name not in names:
-            raise ConfigError(key, f"module {module!r} ({found.origin}) defines no {name!r}")
+        if "*" in names or "__getattr__" in names:  # names made at import time: cannot be read
+            return
+        defined = name in names
+    else:  # built into Python, frozen (os, since 3.11) or compiled: not the user's code to run
+        defined = hasattr(importlib.import_module(module), name)
+    if not defined:
+        raise ConfigError(key, f"module {module!r} ({found.origin}) defines no {name!r}")
 
 
 def _check_command(key: str, command: str) -> None:
@@ -244,10 +250,22 @@ class JobSpec:
     def launcher(self) -> str:
         return self.program.launcher if self.program else "per_task"
 
+    @property
+    def rank_signal(self) -> str:
+        """The name of the time-limit signal the ranks get (USR1), "" when none does (no
+        ``signal``, or ``B:`` for the batch shell alone)."""
+        if not self.signal:
+            return ""
+        sig, _, targets = parse_time_limit_signal(self.signal)
+        return "" if targets == "B" else sig.name.removeprefix("SIG")
+
     def train_config(self) -> Config:
         cfg = Config(**{s: getattr(self, s) for s in TRAIN_SECTIONS})
         if self.stall_timeout_s is not None:
             cfg.train.stall_timeout_s = self.stall_timeout_s
+        # The trainer checkpoints on the spec's time-limit signal and requeues if the spec says so.
+        cfg.train.preempt_signal = self.rank_signal or cfg.train.preempt_signal
+        cfg.train.requeue = self.requeue
         return cfg
 
     def train_dict(self) -> dict:
@@ -275,6 +293,11 @@ class JobSpec:
             if not opt.startswith("--") or not SAFE_TOKEN.match(opt):
                 raise ConfigError(f"sbatch_extra[{i}]", f"{opt!r} must be one --option[=value] without spaces")
         parse_time_minutes(self.time)
+        if self.signal:
+            try:
+                parse_time_limit_signal(self.signal)
+            except ValueError as exc:
+                raise ConfigError("signal", f"{self.signal!r}: {exc}") from None
         require_positive(self, prefix, "stall_timeout_s", minimum=0)
         if self.cluster == "docker" and not self.container.image:
             raise ConfigError(

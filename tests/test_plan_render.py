@@ -222,3 +222,12 @@ def test_plan_says_on_which_fewer_nodes_checkpoints_resume(overrides, counts, wh
 
     smaller, reason = fewer_nodes(spec("cluster=slurm", "gpus_per_node=0", *overrides))
     assert smaller == counts and why in reason
+
+
+@pytest.mark.parametrize(
+    "override, key", [("program.function=os:no_such_fn", "program.function"), ("signal=USR9@60", "signal")]
+)
+def test_submit_dry_run_of_a_bad_function_or_signal_exits_2(override, key, tmp_path):
+    result = run_module("cluster", "submit", "jobs/local.yaml", override, f"log_dir={tmp_path}", "--dry-run")
+    assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())

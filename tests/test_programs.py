@@ -41,6 +41,11 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
         (["program.script=", "program.function=jobs.train_cnn:main"], "program.args", "called with kwargs"),
         (["program.launcher=mpirun"], "program.launcher", "must be one of"),
         (["stall_timeout_s=-1"], "stall_timeout_s", ">= 0"),
+        (["program.script=", "program.function=os:no_such_fn"], "program.function", "defines no 'no_such_fn'"),
+        (["signal=USR9@60"], "signal", "SIGUSR9 is no signal"),
+        (["signal=USR1@soon"], "signal", "whole seconds"),
+        (["signal=X:USR1@60"], "signal", "B, R or RB"),
+        (["signal=KILL@60"], "signal", "cannot be caught"),
     ],
 )  # fmt: skip
 def test_bad_program_names_the_key(overrides, key, words, monkeypatch):
@@ -74,7 +79,17 @@ def test_per_task_ranks_run_the_shim_around_the_program():
     (step,) = make_request(s, make_plan(s), "py").steps
     assert step.per_rank and step.tasks_per_node == 2 and step.output.startswith("rank_")
     assert step.command == ("py", "-P", "-m", "train.shim", "--job-dir=$JOB_DIR", "--stall-timeout-s=30",
-                            "--script=jobs/train_cnn.py", "--", "--steps", "7")  # fmt: skip
+                            "--time-limit-signal=USR1", "--script=jobs/train_cnn.py", "--", "--steps", "7")  # fmt: skip
+    (plain,) = make_request(spec("signal="), make_plan(spec("signal=")), "py").steps  # no signal: no handler
+    assert not any(w.startswith("--time-limit-signal") for w in plain.command)
+
+
+@pytest.mark.parametrize("signal, agent", [("USR1@120", "train.agent"), ("", "torch.distributed.run"),
+                                           ("B:USR1@120", "torch.distributed.run")])  # fmt: skip
+def test_torchrun_agents_run_in_the_kits_wrapper_when_the_ranks_get_a_time_limit_signal(signal, agent):
+    s = spec("program.launcher=torchrun", f"signal={signal}")
+    (step,) = make_request(s, make_plan(s), "py").steps
+    assert step.command[3] == agent
 
 
 def test_torchrun_launcher_runs_one_agent_per_node_with_the_plans_ranks_per_node():
@@ -98,7 +113,7 @@ def test_plan_shows_what_each_rank_or_agent_runs():
     per_task = run_module("cluster", "plan", "jobs/cnn.yaml")
     assert "train: each rank runs: " in per_task.stdout and "-P -m train.shim" in per_task.stdout
     torchrun = json.loads(run_module("cluster", "plan", "jobs/cnn.yaml", "program.launcher=torchrun", "--json").stdout)
-    assert "torch.distributed.run" in torchrun["steps"][0]["command"] and torchrun["steps"][0]["tasks_per_node"] == 1
+    assert "train.agent" in torchrun["steps"][0]["command"] and torchrun["steps"][0]["tasks_per_node"] == 1
 
 
 def test_dry_run_shows_the_exact_local_command(tmp_path):

@@ -191,27 +191,56 @@ def test_submit_and_sbatch_of_the_rendered_script_make_the_same_request(tmp_path
     assert not any("USR2" in line for line in submit_lines)
 
 
-def test_time_limit_signal_through_submit_checkpoints_and_requeues(tmp_path):
-    """SLURM sends the spec's signal ahead of the 3-minute limit; the ranks save a checkpoint,
-    rank 0 requeues the job, and the second attempt resumes from that checkpoint."""
-    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "time=00:03:00",
-                          "signal=USR1@90", "requeue=true", "train.ckpt_every=20", "train.steps=1000000",
-                          wait=False)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
+def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
+    """Three jobs side by side, each under SLURM's own ``--signal`` (no scancel):
+    - jobs/multi_node.yaml as shipped (``signal: USR1@120``, ``requeue: true``, no
+      train.ckpt_every): a checkpoint at the signal, a requeue, an attempt that resumes from it;
+    - a script under torchrun agents that handles USR1 itself, with steps of 7 s (longer than
+      KillWait, 5 s): the agents survive, each worker gets the signal once, saves, requeues and
+      the next attempt resumes from its file;
+    - a script with no handler: it runs on to its time limit, and ``cluster logs`` says so.
+    No batch log holds "User defined signal 1" (a rank or agent killed by the signal)."""
+    script = ["program.script=tests/signal_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
+    ckpt = tmp_path / "handled.pt"
+    handled = f'program.args=["--ckpt", "{ckpt}", "--handle", "--step-s", "7"]'
+    jobs = {
+        "multi-node": submit("jobs/multi_node.yaml", tmp_path / "a", *FIT, "nodes=2", "tasks_per_node=2",
+                             "gpus_per_node=2", "time=00:03:00", "train.steps=100000000", wait=False),
+        "handled": submit("jobs/cnn.yaml", tmp_path / "b", *FIT, *script, "program.launcher=torchrun", handled,
+                          "time=00:03:00", "signal=USR1@90", "requeue=true", wait=False),
+        "unhandled": submit("jobs/cnn.yaml", tmp_path / "c", *FIT, *script, "time=00:02:00", "signal=USR1@90",
+                            f'program.args=["--ckpt", "{tmp_path / "never.pt"}"]', "requeue=false", wait=False),
+    }  # fmt: skip
+    for result, _ in jobs.values():
+        assert result.returncode == 0, result.stderr
+    ids = {name: info["job_id"] for name, (_, info) in jobs.items()}
+    dirs = {"multi-node": tmp_path / "a" / "multi-node" / ids["multi-node"],
+            "handled": tmp_path / "b" / "cnn" / ids["handled"], "unhandled": tmp_path / "c" / "cnn" / ids["unhandled"]}  # fmt: skip
     records = lambda: (
-        list(read_records(job_dir / "rank_00000.jsonl")) if (job_dir / "rank_00000.jsonl").exists() else []
+        list(read_records(dirs["multi-node"] / "rank_00000.jsonl"))
+        if (dirs["multi-node"] / "rank_00000.jsonl").exists()
+        else []
     )
     try:
-        wait_until(lambda: any(r["event"] == "preempted" for r in records()), 240, "the time-limit signal")
-        wait_requeued(job_id)  # by rank 0, after the checkpoint
-        wait_until(lambda: any(r["event"] == "resume" for r in records()), 120, "the second attempt to resume")
+        wait_until(lambda: any(r["event"] == "preempted" for r in records()), 300, "the time-limit signal")
+        wait_requeued(ids["multi-node"])  # by rank 0, after the checkpoint
+        wait_until(lambda: any(r["event"] == "resume" for r in records()), 180, "the second attempt to resume")
+        wait_for_line(dirs["handled"] / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=300)
+        wait_until(lambda: ids["unhandled"] not in squeue_ids(), 300, "the unhandled job's time limit")
     finally:
-        subprocess.run(["scancel", job_id], check=False)
+        subprocess.run(["scancel", *ids.values()], check=False)
     preempted = [r["step"] for r in records() if r["event"] == "preempted"]
     resumed = [r["step"] for r in records() if r["event"] == "resume"]
     assert preempted and resumed == preempted[:1], (preempted, resumed)
-    assert "preemption signal: checkpoint saved" in (job_dir / "rank_00000.log").read_text()
+    assert "preemption signal (SIGUSR1): checkpoint saved" in (dirs["multi-node"] / "rank_00000.log").read_text()
+    for rank in (0, 1):
+        assert "got SIGUSR1 1 time(s); saved" in (dirs["handled"] / f"rank_{rank:05d}.log").read_text()
+        assert "shim: SIGUSR1 came" in (dirs["unhandled"] / f"rank_{rank:05d}.log").read_text()
+    for name in jobs:
+        batch_log = dirs[name].parent / f"slurm-{ids[name]}.log"
+        assert "User defined signal" not in batch_log.read_text(), (name, batch_log.read_text()[-2000:])
+    _, report = logs_json(dirs["unhandled"])
+    assert report["first_failure"]["error"] == "killed at the job's time limit", report["first_failure"]
 
 
 def test_raising_rank_on_second_node_is_named(tmp_path):

@@ -20,6 +20,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from train.protocol import parse_time_limit_signal
+
 T = TypeVar("T")
 # A str that must be given as a string: a list of program arguments like ["--epochs", 3]
 # is a mistake to report, not a number to convert.
@@ -103,7 +105,13 @@ class TrainConfig:
     # Process-group timeout: how long a collective waits for a dead or stuck peer.
     timeout_s: float = 300.0
     check_sync: bool = False
+    # Checkpoint every this many steps (0: only at the end, and when preempt_signal comes).
     ckpt_every: int = 0
+    # The signal a scheduler sends ahead of a time limit or preemption (a job spec's `signal`):
+    # the ranks agree on it, save a checkpoint and stop; rank 0 then asks SLURM to requeue
+    # the job when ``requeue`` is set. The next run in the same run_dir resumes from it.
+    preempt_signal: str = "USR1"
+    requeue: bool = False
     # Stall watchdog: a rank that completes no step for this long writes every thread's
     # stack to its log and exits 1, so the job ends long before the collective timeout.
     # 0 turns it off. It must exceed the longest step, evaluation or checkpoint save.
@@ -141,6 +149,10 @@ class TrainConfig:
             "fault_attempt",
             minimum=0,
         )
+        try:
+            parse_time_limit_signal(self.preempt_signal)
+        except ValueError as exc:
+            raise ConfigError(f"{prefix}.preempt_signal", f"{self.preempt_signal!r}: {exc}") from None
         if self.timeout_s <= 0:
             raise ConfigError(f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s!r}")
 

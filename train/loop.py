@@ -166,7 +166,8 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     )
     ckpt_dir = Path(t.run_dir) / CHECKPOINTS
     start = 0
-    if t.ckpt_every and (resume := checkpoint.latest(ckpt_dir)) is not None:
+    # A checkpoint here is this run's own: written at its intervals or at the time-limit signal.
+    if (resume := checkpoint.latest(ckpt_dir)) is not None:
         saved_world = checkpoint.saved_world_size(resume)
         if saved_world != env.world_size:
             say(f"resharding a {saved_world}-rank checkpoint to {env.world_size} ranks")
@@ -174,7 +175,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         say(f"resumed from {resume} (step {start})")
         writer.write("resume", step=start, path=str(resume), from_world_size=saved_world)
     layout = asdict(ctx.dims)  # kept in checkpoints: a resume on another layout checks against it
-    preempt = PreemptFlag() if t.ckpt_every else None
+    preempt = PreemptFlag(t.preempt_signal)
     progress = Progress(ctx.device, t.batch_size)
     record: dict = {}
     finite: tuple[int, float] | None = None  # the last logged step with a finite loss
@@ -224,12 +225,12 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             say(format_line(record, t.steps))
             if t.stop_on_nonfinite:
                 finite = check_finite(record, env.rank, finite)
-            if preempt is not None and not last and preempt.agreed(env.distributed, ctx.device):
-                if step % t.ckpt_every:
+            if not last and preempt.agreed(env.distributed, ctx.device):
+                if not t.ckpt_every or step % t.ckpt_every:
                     checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
                 record["preempted"] = True
                 writer.write("preempted", step=step)
-                say(f"preemption signal: checkpoint saved at step {step}")
+                say(f"preemption signal ({preempt.signal.name}): checkpoint saved at step {step}")
                 break
             progress.restart_clock()
         if start >= t.steps:  # resumed from the final checkpoint: nothing left but to report it

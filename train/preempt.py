@@ -1,10 +1,13 @@
 """Preemption and time limits: a signal sets a flag; the loop acts on it between steps.
 
-SLURM sends ``--signal=USR1@<seconds>`` ahead of a time limit or preemption. The handler
+SLURM sends ``--signal=USR1@<seconds>`` ahead of a time limit or preemption (the job spec's
+``signal``, handed to the trainer as ``train.preempt_signal``). The handler is installed
+whether or not checkpoints are asked for: the signal must never kill a rank. The handler
 only sets a flag (no collective work inside a signal handler: it could interrupt one). At
 the next log interval, where ranks already meet, they agree on the flag with one small
 all_reduce (a rank that got the signal late still stops with the others), all save a
-checkpoint, and the job is requeued; the next attempt resumes from it.
+checkpoint, and the job is requeued when ``train.requeue`` says so; the next attempt resumes
+from it.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import torch
 import torch.distributed as dist
 
 from train.dist_env import DistEnv
-from train.protocol import PREEMPT_SIGNAL
+from train.protocol import parse_time_limit_signal
 
 
 class PreemptFlag:
-    def __init__(self) -> None:
+    def __init__(self, name: str) -> None:
         self.raised = False
-        signal.signal(PREEMPT_SIGNAL, self._handler)
+        self.signal = parse_time_limit_signal(name)[0]
+        signal.signal(self.signal, self._handler)
 
     def _handler(self, signum, frame) -> None:
         self.raised = True

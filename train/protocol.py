@@ -29,6 +29,35 @@ from typing import Any
 # ----------------------------------------------------------------------------- signals
 DUMP_SIGNAL = signal.SIGURG  # ignored by default: a snapshot before a rank is ready cannot kill it
 PREEMPT_SIGNAL = signal.SIGUSR1  # the job spec's `signal: USR1@120` (USR2 is left to libraries such as submitit)
+# Signals that cannot be caught: asking for one ahead of a time limit would only kill the job.
+UNCATCHABLE = {"KILL", "STOP"}
+
+
+def parse_time_limit_signal(text: str) -> tuple[signal.Signals, int, str]:
+    """A spec's ``signal`` as sbatch reads it, ``[{R|B|RB}:]SIG[@SECONDS]``: (the signal, the
+    seconds before the time limit it comes, its targets: "" the steps' processes, "B" the batch
+    shell only, "RB"/"R" as sbatch says). ValueError naming what is wrong."""
+    targets, _, rest = text.rpartition(":")
+    if targets.upper() not in ("", "B", "R", "RB", "BR"):
+        raise ValueError(f"{targets!r} before ':' must be B, R or RB")
+    name, at, seconds = rest.partition("@")
+    name = name.upper().removeprefix("SIG")
+    if name.isdigit():
+        try:
+            sig = signal.Signals(int(name))
+        except ValueError:
+            raise ValueError(f"{name} is no signal number") from None
+    else:
+        sig = getattr(signal.Signals, f"SIG{name}", None)
+        if sig is None:
+            raise ValueError(f"SIG{name} is no signal (e.g. USR1, USR2, TERM, or a number)")
+    if sig.name.removeprefix("SIG") in UNCATCHABLE:
+        raise ValueError(f"{sig.name} cannot be caught: no program could act on it")
+    if at and not (seconds.isdigit() and int(seconds) <= 65535):
+        raise ValueError(f"{seconds!r} after '@' must be whole seconds, 0..65535")
+    return sig, int(seconds) if at else 60, targets.upper()
+
+
 # Where the stall watchdog's dump starts: faulthandler's own header for a timer dump
 # ("Timeout (0:03:45)!"), which is how the log inspector tells a stall from other dumps.
 STALL_HEADER = "Timeout ("

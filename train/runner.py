@@ -36,7 +36,13 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
     try:
         record = run(cfg, env)
         if record.get("preempted") and env.rank == 0:
-            print(f"rank 0: {requeue(env)}", flush=True)
+            if cfg.train.requeue:
+                print(f"rank 0: {requeue(env)}", flush=True)
+            else:
+                print(
+                    f"rank 0: stopped after saving (train.requeue is off: run again to resume from {cfg.train.run_dir})",
+                    flush=True,
+                )
         return record
     except (ConfigError, BrokenPipeError):
         # A bad layout for this world size exits 2 at the CLI edge, like any bad key; a closed

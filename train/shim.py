@@ -10,7 +10,10 @@ of it (it runs unchanged):
 - progress from the optimizer's steps (torch's global optimizer-step hook): step records with
   step times, and the stall watchdog, armed at the first step;
 - start and end records (``train.protocol``), so ``cluster logs`` tells completed from failed,
-  killed, stalled, and "completed without training progress".
+  killed, stalled, and "completed without training progress";
+- the job's time-limit signal (``--time-limit-signal``, the spec's ``signal``) never kills a
+  program that did not ask for it: the shim's handler logs that it came and that the program
+  runs on; a program that installs its own handler replaces the shim's and gets it.
 
 Python programs run in this process, as ``python script.py`` or ``python -m module`` would run
 them (``sys.argv``, ``sys.path[0]``, ``__main__``). The kit's own packages (``train``,
@@ -38,7 +41,7 @@ from pathlib import Path
 from train.dist_env import cpu_threads, from_environ, torchrun_environ
 from train.hangs import StallWatchdog, install_dumps
 from train.output import leave, redirect_to, timestamp_lines
-from train.protocol import DUMP_SIGNAL, PREEMPT_SIGNAL, RecordWriter, log_name
+from train.protocol import DUMP_SIGNAL, RecordWriter, log_name, parse_time_limit_signal, stamp
 
 RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this often
 
@@ -116,10 +119,11 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict) -> int:
     return 0
 
 
-def run_command(command: str, args: list[str]) -> int:
-    """A child process: its lines stamped as they come, the rank's signals passed on."""
+def run_command(command: str, args: list[str], time_limit: signal.Signals | None) -> int:
+    """A child process: its lines stamped as they come, the rank's signals passed on (the
+    time-limit signal too: whether a command handles it cannot be seen from here)."""
     child = subprocess.Popen([command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    for sig in (signal.SIGTERM, signal.SIGINT, PREEMPT_SIGNAL, signal.SIGUSR2, DUMP_SIGNAL):
+    for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, DUMP_SIGNAL, time_limit} - {None}:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
 
     def pump() -> None:
@@ -131,6 +135,21 @@ def run_command(command: str, args: list[str]) -> int:
     code = child.wait()
     reader.join(timeout=5)
     return code if code >= 0 else 128 - code
+
+
+def runs_on_after(sig: signal.Signals) -> None:
+    """The time-limit signal's default action would kill the rank: until the program installs
+    its own handler, the shim's says that it came and lets the program run on. Written with
+    one os.write: a handler can run in the middle of the program's own writes."""
+
+    def handler(signum, frame) -> None:
+        os.write(
+            2,
+            f"{stamp()}shim: {sig.name} came (the job's time-limit signal, `signal:` in the spec); "
+            "the program installs no handler for it, so it runs on until the time limit\n".encode(),
+        )
+
+    signal.signal(sig, handler)
 
 
 def finish_like_python() -> None:
@@ -147,6 +166,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--job-dir", required=True, help="where the rank's records (and --rank-log's log) go")
     parser.add_argument("--rank-log", action="store_true", help="open the rank's own log (torchrun's workers)")
     parser.add_argument("--stall-timeout-s", type=float, default=180.0, help="0: no stall watchdog")
+    parser.add_argument("--time-limit-signal", default="", help="the spec's signal (USR1): logged, never fatal")
     what = parser.add_mutually_exclusive_group(required=True)
     for kind in ("script", "module", "function", "command"):
         what.add_argument(f"--{kind}")
@@ -183,9 +203,12 @@ def main(argv: list[str]) -> None:
         flush=True,
     )
     progress = None
+    time_limit = parse_time_limit_signal(args.time_limit_signal)[0] if args.time_limit_signal else None
     if kind == "command":
-        code = run_command(target, args.args)
+        code = run_command(target, args.args, time_limit)
     else:
+        if time_limit is not None:
+            runs_on_after(time_limit)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s))

@@ -1,0 +1,61 @@
+"""The spec's time-limit signal (``signal: USR1@<s>``) on the local launcher, which sends it
+as SLURM does (to every process of the step, once, that many seconds before the limit):
+it never kills a rank that did not ask for it, in both launch modes. The SLURM side is in
+test_slurm.py (``test_the_time_limit_signal_in_every_launch_mode``)."""
+
+import pytest
+
+from tests.jobs_helpers import logs_json, submit, wait_for_line
+from train.protocol import latest_checkpoint_step, read_records
+
+pytestmark = pytest.mark.slow
+# A one-minute limit with the signal 52 s before it: the signal comes about 8 s in.
+SOON = ["time=00:01:00", "signal=USR1@52"]
+LOCAL = ["cluster=local", "nodes=1", "gpus_per_node=0", "tasks_per_node=2", "env.OMP_NUM_THREADS=1"]
+SCRIPT = "program.script=tests/signal_script.py"
+
+
+def test_the_built_in_trainer_checkpoints_at_the_signal_without_ckpt_every(tmp_path):
+    """jobs/local.yaml as shipped, no train.ckpt_every: the signal saves a checkpoint in the job
+    directory and the ranks stop, preempted; none dies of it."""
+    result, info = submit("jobs/local.yaml", tmp_path, *SOON, "tasks_per_node=2", "train.steps=100000000")
+    job_dir = tmp_path / "local" / info["job_id"]
+    preempted = [r["step"] for r in read_records(job_dir / "rank_00000.jsonl") if r["event"] == "preempted"]
+    assert preempted and latest_checkpoint_step(job_dir) == preempted[0], result.stdout
+    _, report = logs_json(job_dir)
+    assert [r["state"] for r in report["ranks"]] == ["preempted", "preempted"] and report["first_failure"] is None
+    assert "User defined signal" not in (job_dir / "controller.log").read_text()
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_a_script_that_handles_the_signal_gets_it_once_even_with_steps_longer_than_kill_wait(launcher, tmp_path):
+    """Steps of 6 s, longer than the launcher's KillWait (5 s): the agent (torchrun) and the
+    ranks survive the signal; each worker gets it exactly once, saves and exits 0."""
+    ckpt = tmp_path / "ckpt.pt"
+    args = f'program.args=["--ckpt", "{ckpt}", "--handle", "--step-s", "6"]'
+    result, info = submit("jobs/cnn.yaml", tmp_path, *LOCAL, *SOON, SCRIPT, args, f"program.launcher={launcher}")
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    assert result.returncode == 0, result.stdout + (job_dir / "controller.log").read_text()
+    for rank in (0, 1):
+        assert "got SIGUSR1 1 time(s); saved" in (job_dir / f"rank_{rank:05d}.log").read_text()
+    assert ckpt.exists()
+    if launcher == "torchrun":
+        assert "agent: SIGUSR1 came" in (job_dir / "node_00000.log").read_text()
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_a_script_without_a_handler_runs_on_and_the_shim_says_the_signal_came(launcher, tmp_path):
+    stop = tmp_path / "stop"
+    args = f'program.args=["--ckpt", "{tmp_path / "ckpt.pt"}", "--stop-file", "{stop}"]'
+    result, info = submit(
+        "jobs/cnn.yaml", tmp_path, *LOCAL, *SOON, SCRIPT, args, f"program.launcher={launcher}", wait=False
+    )
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    for rank in (0, 1):
+        wait_for_line(job_dir / f"rank_{rank:05d}.log", "shim: SIGUSR1 came", timeout=120)
+    stop.touch()  # the ranks ran on after the signal; now they finish
+    wait_for_line(job_dir / "controller.log", "job ended", timeout=120)
+    assert "job ended: exit 0" in (job_dir / "controller.log").read_text()
+    _, report = logs_json(job_dir)
+    assert [r["state"] for r in report["ranks"]] == ["completed", "completed"], report
