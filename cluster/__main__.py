@@ -31,11 +31,13 @@ EXAMPLES = """examples:
 
 def load_spec(path: str, overrides: list[str]):
     from cluster.plan import make_plan
-    from cluster.spec import check_program_sections
+    from cluster.spec import check_program_sections, unhandled_signal_note
 
     spec = load(JobSpec, path, overrides)
     separate = [apply_overrides({}, [text]) for text in overrides]
     check_program_sections(read_yaml(path), separate, path, lambda text: print(text, file=sys.stderr))
+    if note := unhandled_signal_note(spec):
+        print(note, file=sys.stderr)
     return spec, make_plan(spec)
 
 

@@ -348,3 +348,27 @@ def check_program_sections(file_tree: dict, overrides: list[dict], source: str, 
         warn(
             f"note: {source}'s {', '.join(given)} section(s) are the built-in trainer's and are ignored: program runs instead"
         )
+
+
+def unhandled_signal_note(spec: JobSpec) -> str:
+    """A note when the program's own source never names the spec's time-limit signal: it will
+    most likely not act on it (the shim then logs the signal and the program runs on to the
+    time limit, without a checkpoint). Read, not imported; a program it cannot read gets none."""
+    if not (spec.rank_signal and spec.program and spec.program.kind in ("script", "module")):
+        return ""
+    try:
+        source = Path(spec.program.script) if spec.program.kind == "script" else None
+        if source is None:
+            origin = importlib.util.find_spec(spec.program.module)
+            source = Path(origin.origin) if origin and origin.origin else None
+        text = source.read_text() if source and source.suffix == ".py" else None
+    except (ImportError, ValueError, OSError):
+        return ""
+    name = spec.rank_signal
+    if text is None or re.search(rf"\b(SIG)?{name}\b", text):
+        return ""
+    return (
+        f"note: signal: {spec.signal} sends SIG{name} to every rank before the time limit, and "
+        f"{spec.program.target} never names SIG{name}: the kit keeps it running (its log says the signal came), "
+        "so it saves nothing then; handle the signal to checkpoint, or drop signal:"
+    )
