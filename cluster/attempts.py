@@ -45,6 +45,7 @@ from train.protocol import (
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
 NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")
+NON_FINITE = "NonFiniteLoss"  # resumed from the last finite checkpoint at most once
 CONFIG_EXIT = 2  # a rank refused its configuration (the kit's and argparse's bad-input code)
 BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's short states; a trailing * = not responding
 GUARD_POLL_S = 5.0  # one sinfo call per job every 5 s: SLURM itself takes SlurmdTimeout to notice
@@ -78,11 +79,16 @@ def decide(
     error = failure.get("error") or ""
     if exit_code == CONFIG_EXIT or NOT_RESTARTABLE.search(error):
         return Decision("deterministic", f"no restart mends it: {error or f'exit code {exit_code}'}")
-    repeat = [e for e in ended if e.get("error") == error and e.get("step") == failure.get("step") and error]
-    if repeat:
+    # Deterministic: a program error that repeats. Only an exception the culprit raised in this
+    # attempt, after its first step, counts; never a killed rank, a hang or a lost node, whose
+    # generic error text is the same every time.
+    raised = [e for e in ended if e.get("raised")] if failure.get("raised") else []
+    if any(e.get("error") == error and e.get("raised_at") == failure.get("raised_at") for e in raised):
         return Decision(
-            "deterministic", f"the same error at the same step (step {failure.get('step')}) after a restart"
+            "deterministic", f"the same error at the same step (step {failure.get('raised_at')}) after a restart"
         )
+    if NON_FINITE in error and any(NON_FINITE in (e.get("error") or "") for e in raised):
+        return Decision("deterministic", "non-finite again after resuming from the last finite checkpoint")
     if restarts_used(ended) >= restarts:
         return Decision("exhausted", f"all {restarts} restart(s) used")
     excluded = {e_node for e in ended for e_node, _ in e.get("excluded", [])}
@@ -196,15 +202,32 @@ def the_failure(job_dir: Path, attempt: dict) -> dict:
     first = report.first_failure or {}
     started = any(r.rank == first.get("rank") and r.pid is not None for r in report.ranks)
     index = first.get("node") if started else None  # a rank that never started names no node
-    steps = [r.last_step for r in report.ranks if r.last_step is not None]
+    hang = bool(report.hang and report.hang.get("culprits"))
+    mine = attempt_records(job_dir, report.world_size, since)
+    steps = [r["step"] for records in mine.values() for r in records if r["event"] in ("step", "first_step")]
+    culprit = mine.get(first.get("rank"), [])
+    failed = next((r for r in culprit if r["event"] == "failed"), None)
+    trained = any(r["event"] in ("first_step", "step") for r in culprit)
     return {
         "rank": first.get("rank"),
         "node": nodes[index] if isinstance(index, int) and 0 <= index < len(nodes) else None,
         "error": first.get("error") or "",
         "failed_at": first.get("time"),
-        "hang": bool(report.hang and report.hang.get("culprits")),
-        "step": max(steps) if steps else None,
+        "hang": hang,
+        "step": max(steps) if steps else None,  # the furthest any rank got in this attempt
+        # the culprit raised in this attempt, after its first step: a program error
+        "raised": bool(failed and trained and not hang),
+        "raised_at": failed["step"] if failed else None,
     }
+
+
+def attempt_records(job_dir: Path, world: int, since: float) -> dict[int, list[dict]]:
+    """Each rank's records written since the attempt began."""
+    out = {}
+    for rank in range(world):
+        path = paths.rank_records(job_dir, rank)
+        out[rank] = [r for r in read_records(path) if r.get("time", 0) >= since] if path.exists() else []
+    return out
 
 
 def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:

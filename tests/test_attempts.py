@@ -9,11 +9,15 @@ from cluster.attempts import Decision, decide, format_attempts, summary, the_fai
 from train.protocol import never_joined_message, preflight_log_name, record_name
 
 ALLOC = ["n1", "n2", "n3"]
-CRASH = {"rank": 3, "node": "n2", "error": "RuntimeError: boom", "step": 120}
+CRASH = {"rank": 3, "node": "n2", "error": "RuntimeError: boom", "step": 120, "raised": True, "raised_at": 120}
+KILLED = {"rank": 2, "node": "n2", "error": "ended without an error message (killed by a signal?)", "step": 150,
+          "raised": False, "raised_at": None}  # fmt: skip
+NAN = "NonFiniteLoss: the state at step {} is non-finite"
 
 
-def ended(error="RuntimeError: boom", step=120, excluded=()):
-    return {"error": error, "step": step, "excluded": [list(pair) for pair in excluded], "verdict": "restart"}
+def ended(error="RuntimeError: boom", step=120, excluded=(), raised=True):
+    return {"error": error, "step": step, "excluded": [list(pair) for pair in excluded], "verdict": "restart",
+            "raised": raised, "raised_at": step if raised else None}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -29,6 +33,15 @@ def ended(error="RuntimeError: boom", step=120, excluded=()):
         ([], CRASH, 1, ["n1", "n2"], {"n2", "n3"}, ("no_nodes", (), ())),
         # the same error at the same step after a restart: a bug, not a node
         ([ended()], CRASH | {"node": "n3"}, 1, ["n1", "n3"], set(), ("deterministic", (), ())),
+        # a killed rank, twice at the same step (the same generic text): a lost node, not a bug
+        ([ended(KILLED["error"], 150, [("n2", "")], raised=False)], KILLED | {"node": "n3"}, 1, ["n1", "n3"], set(), ("restart", ("n1", "n3"), ())),
+        # an exception now, but the earlier attempt's ranks were killed: restart again
+        ([ended(excluded=[("n2", "")], raised=False)], CRASH | {"node": "n3"}, 1, ["n1", "n3"], set(), ("restart", ("n1", "n3"), ())),
+        # an exception before this attempt's first step (not raised in training): restart again
+        ([ended(excluded=[("n2", "")])], CRASH | {"node": "n3", "raised": False}, 1, ["n1", "n3"], set(), ("restart", ("n1", "n3"), ())),
+        # non-finite again after resuming from the last finite checkpoint, at another step
+        ([ended(NAN.format(5), 5)], CRASH | {"node": "n3", "error": NAN.format(9), "raised_at": 9}, 1, ["n1", "n3"], set(),
+         ("deterministic", (), ())),
         # the same error at another step: restart again
         ([ended(step=60, excluded=[("n2", "")])], CRASH | {"node": "n3"}, 1, ["n1", "n3"], set(), ("restart", ("n1", "n3"), ())),
         # bad configuration (exit 2) and an import error: never restarted

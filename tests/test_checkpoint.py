@@ -5,14 +5,14 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT, torchrun
+from tests.conftest import ROOT, run_module, torchrun
 from tests.test_data_parallel import ATOL, max_diff, run_strategy
 from train import checkpoint
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
 from train.parallel.common import full_parameters
-from train.protocol import read_records, record_name
+from train.protocol import latest_checkpoint_step, read_records, record_name
 
 BASE = ["train.log_every=10", "train.eval_every=40", "train.ckpt_every=10", "optim.momentum=0.9"]
 
@@ -151,3 +151,15 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
     checkpoint.save(ckpt, 20, trainable, None)
     assert checkpoint.latest(ckpt) == ckpt / "step_0000020" and not (ckpt / "step_0000020.tmp").exists()
     assert torch.load(ckpt / "step_0000020" / "extra_rank00000.pt", weights_only=False)["step"] == 20
+
+
+def test_a_non_finite_state_is_never_saved_and_latest_stays_finite(tmp_path):
+    """lr 50 with momentum: the loss is finite up to step 4 and nan from step 5 (logged only at
+    step 40). The checkpoint of step 5 is refused (its loss and parameters are checked on every rank) and the run stops
+    there: ``latest`` is step 4."""
+    result = run_module("train", "parallel.strategy=single", "optim.lr=50", "optim.momentum=0.9", "train.steps=40",
+                        "train.ckpt_every=1", "train.log_every=40", f"train.run_dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 1 and "the state at step 5 is non-finite" in result.stderr, result.stderr[-2000:]
+    assert latest_checkpoint_step(tmp_path) == 4 and not (tmp_path / "checkpoints" / "step_0000005").exists()
+    extra = torch.load(tmp_path / "checkpoints" / "step_0000004" / "extra_rank00000.pt", weights_only=False)
+    assert extra["step"] == 4

@@ -427,6 +427,38 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
 
 
+def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(tmp_path, uninterrupted):
+    """A second fault while the kit recovers from the first: node 2's ranks are killed at step
+    120 or so, then the restarted attempt's ranks on the spare are killed as they appear (before
+    or just after their first step). Neither is a program error: the job restarts twice (the
+    second time on the same nodes, no spare being left) and ends bitwise equal."""
+    import torch
+
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, "restarts=3", "spare_nodes=1",
+                          "train.ckpt_every=50", wait=False)  # fmt: skip
+    job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
+
+    def second_start(rank: int):
+        starts = [r for r in read_records(job_dir / f"rank_{rank:05d}.jsonl") if r["event"] == "start"]
+        return starts[1] if len(starts) > 1 else None
+
+    try:
+        for start in [wait_for_step(job_dir, rank, 120) for rank in (2, 3)]:
+            kill_rank(start)
+        for rank in (2, 3):
+            kill_rank(wait_until(lambda rank=rank: second_start(rank), 180, f"rank {rank}'s second attempt", 0.05))
+        state = ended_by_itself(job_id)
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    assert state in ("COMPLETED", "GONE")
+    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
+    code, report = logs_json(job_dir)
+    assert code.returncode == 0 and report["completed"] == 4, report
+    assert [a["verdict"] for a in report["attempts"]] == ["restart", "restart", None], report["attempts"]
+    assert [a["nodes"] for a in report["attempts"]] == [["n1", "n2"], ["n1", "n3"], ["n1", "n3"]]
+
+
 def kill_ranks_at_step(job_id: str, job_dir: Path, ranks: tuple[int, ...], step: int) -> None:
     """Kills the ranks once each has logged `step`; the job must then go on and end by itself."""
     try:

@@ -184,6 +184,22 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
     watchdog = StallWatchdog(t.stall_timeout_s)
     watchdog.start()
+    step = start
+
+    def save(step: int) -> None:
+        """A checkpoint of a finite state only: ``latest`` never points at nan or inf."""
+        if not state_is_finite(progress, trainable, env.distributed):
+            last = checkpoint.latest(ckpt_dir)
+            message = (
+                f"the state at step {step} is non-finite (a nan or inf loss or parameter): not saved; "
+                f"the latest checkpoint stays {last.name if last else 'none'}"
+            )
+            if t.stop_on_nonfinite:
+                raise NonFiniteLoss(message + "; lower optim.lr, or set train.stop_on_nonfinite=false to train on")
+            say(message)
+            return
+        checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
+
     try:
         for step in range(start + 1, t.steps + 1):
             faults.inject(t, step, env.rank, ctx.device, env.restart)
@@ -208,7 +224,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 writer.write("first_step", step=step)
             last = step == t.steps
             if t.ckpt_every and (step % t.ckpt_every == 0 or last):
-                checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
+                save(step)
             if step % t.log_every and step % t.eval_every and not last:
                 continue
             record = {"step": step, **progress.flush(env.distributed), "test_loss": None, "test_acc": None}
@@ -227,7 +243,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 finite = check_finite(record, env.rank, finite)
             if not last and preempt.agreed(env.distributed, ctx.device):
                 if not t.ckpt_every or step % t.ckpt_every:
-                    checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
+                    save(step)
                 record["preempted"] = True
                 writer.write("preempted", step=step)
                 say(f"preemption signal ({preempt.signal.name}): checkpoint saved at step {step}")
@@ -239,10 +255,28 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             record.update(final=True, state_bytes=state_bytes(trainable))
             writer.write("step", **record)
             say(f"already complete at step {start}")
+    except Exception as exc:  # the rank protocol's failed record: the step this rank raised at
+        writer.write("failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
     finally:
         watchdog.stop()
         writer.close()
     return record
+
+
+def state_is_finite(progress: Progress, trainable: Trainable, distributed: bool) -> bool:
+    """Whether every rank's losses since the last log step and its parameters are finite: the
+    loss sum accumulated on the device turns nan or inf with any non-finite step, so this costs
+    nothing per step and one small all_reduce per save (every rank saves, or none does)."""
+    ok = torch.isfinite(progress.loss_sum).all()
+    for module in trainable.state_modules:
+        for p in module.parameters():
+            local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()
+            ok = ok & torch.isfinite(local).all()
+    flag = ok.float().reshape(1)
+    if distributed:
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def check_finite(record: dict, rank: int, finite: tuple[int, float] | None) -> tuple[int, float] | None:

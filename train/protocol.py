@@ -11,7 +11,10 @@ Files, in the job directory (``cluster/paths.py`` has the whole layout):
 Records: ``start`` (who and where: env, pid), ``step`` (one per log interval: STEP_FIELDS; the
 last of a finished built-in run has ``final: true``), ``end`` (a user's program returned:
 ``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
-first optimizer step of an attempt: a user's program's first ``step`` record says the same).
+first optimizer step of an attempt: a user's program's first ``step`` record says the same),
+``failed`` (the rank's program raised: ``error`` "Type: message" and ``step``, the built-in
+trainer's step or a program's optimizer steps in this process; what tells a program error that
+repeats after a restart from a killed rank, a hang or a lost node).
 Signals: SIGTERM and fatal signals dump every thread's stack (faulthandler) and end the rank;
 DUMP_SIGNAL dumps and carries on (``cluster snapshot``); PREEMPT_SIGNAL asks for a checkpoint.
 """

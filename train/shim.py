@@ -94,7 +94,8 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def run_python(kind: str, target: str, args: list[str], kwargs: dict) -> int:
+def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None) -> int:
+    """The program in this process; ``on_error`` is told of an exception it raised."""
     if kind == "script":
         path = os.path.abspath(target)
         sys.argv = [target, *args]
@@ -113,8 +114,9 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict) -> int:
             getattr(importlib.import_module(module), name)(**kwargs)
     except SystemExit as exc:
         return exit_code(exc)
-    except BaseException:  # printed as Python would, for the log inspector
+    except BaseException as exc:  # printed as Python would, for the log inspector
         traceback.print_exc()
+        on_error(exc)
         return 1
     return 0
 
@@ -213,7 +215,10 @@ def main(argv: list[str]) -> None:
 
         progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s))
         register_optimizer_step_post_hook(progress)
-        code = run_python(kind, target, args.args, json.loads(args.kwargs))
+        code = run_python(
+            kind, target, args.args, json.loads(args.kwargs),
+            lambda exc: writer.write("failed", step=progress.steps, error=f"{type(exc).__name__}: {exc}"[:500]),
+        )  # fmt: skip
         finish_like_python()
         progress.finish()
     writer.write("end", exit_code=code, steps=progress.steps if progress else None)
