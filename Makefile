@@ -7,7 +7,7 @@ JOB    ?= jobs/local.yaml
 # exists); machines with one get the default CUDA build. Override: make TORCH=torch==X.
 TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: run test test-fast lint bench submit logs plan minicluster minicluster-stop build docker-run clean
+.PHONY: run test test-fast gpu-check lint bench submit logs plan minicluster minicluster-stop build docker-run clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, 
 
 test-fast: $(VENV)/.installed  ## unit and golden tests only
 	$(PY) -m pytest -m "not slow and not slurm and not image"
+
+gpu-check: $(VENV)/.installed  ## on a CUDA machine: the gpu tier and the GPU benchmark (MFU), under 10 minutes on one GPU
+	$(PY) -m pytest -m gpu -rs -p no:cacheprovider
+	$(PY) -m cluster.report --gpu-only --rounds 1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

@@ -47,7 +47,12 @@ from train.protocol import (
 NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")
 NON_FINITE = "NonFiniteLoss"  # resumed from the last finite checkpoint at most once
 CONFIG_EXIT = 2  # a rank refused its configuration (the kit's and argparse's bad-input code)
-BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's short states; a trailing * = not responding
+# sinfo's short states. A trailing * means "not responding": a slurmd slow for a few seconds,
+# not a dead node (SLURM itself marks a node down after SlurmdTimeout without an answer), so it
+# counts for nothing here. A draining node still runs what it runs: left out of restarts, but
+# no reason to requeue the job whose batch script it holds.
+BAD_NODE_STATES = ("down", "drain", "drng", "fail")
+DEAD_NODE_STATES = ("down", "fail")
 GUARD_POLL_S = 5.0  # one sinfo call per job every 5 s: SLURM itself takes SlurmdTimeout to notice
 
 
@@ -113,10 +118,15 @@ def decide(
     return Decision("restart", "restarting", tuple(n for n in allocation if n in chosen), tuple(bad))
 
 
-def down_nodes(nodes: list[str]) -> set[str]:
+def nodes_in(sinfo: str, states: tuple[str, ...]) -> set[str]:
+    """The nodes of ``sinfo -o '%N %t'`` output in one of ``states`` (pure)."""
+    pairs = (line.split() for line in sinfo.splitlines() if len(line.split()) == 2)
+    return {node for node, state in pairs if state.startswith(states)}
+
+
+def down_nodes(nodes: list[str], states: tuple[str, ...] = BAD_NODE_STATES) -> set[str]:
     out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], capture_output=True, text=True)
-    states = dict(line.split() for line in out.stdout.splitlines() if len(line.split()) == 2)
-    return {n for n, s in states.items() if s.endswith("*") or s.startswith(BAD_NODE_STATES)}
+    return nodes_in(out.stdout, states)
 
 
 def allocation_nodes() -> list[str]:
@@ -272,7 +282,8 @@ def guard(batch_node: str, say=print) -> int:
     from cluster.poll import wait_until
 
     job_id = os.environ["SLURM_JOB_ID"]
-    wait_until(lambda: batch_node in down_nodes([batch_node]), math.inf, f"{batch_node} to fail", GUARD_POLL_S)
+    dead = lambda: batch_node in down_nodes([batch_node], DEAD_NODE_STATES)  # noqa: E731
+    wait_until(dead, math.inf, f"{batch_node} to fail", GUARD_POLL_S)
     say(f"the batch node {batch_node} is down: requeueing job {job_id} (the allocation cannot go on)")
     return subprocess.run(["scontrol", "requeue", job_id]).returncode
 

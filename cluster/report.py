@@ -190,14 +190,23 @@ def first_step_time(job_dir: Path, timeout: float = 180) -> float:
     raise TimeoutError(f"no first step in {job_dir}")
 
 
+def mfu_rows(runs: list[dict], flops_per_sample: float, device: str, dtype: str) -> list[dict]:
+    """Each benchmark row with its TFLOP/s and model FLOPs utilisation (None for a GPU that
+    PEAK_FLOPS does not know). Pure: checked on the CPU."""
+    peak = next((v[dtype] for k, v in PEAK_FLOPS.items() if k in device), None)
+    rows = [{**r, "tflops": r["samples_per_s"] * flops_per_sample / 1e12} for r in runs]
+    for r in rows:
+        r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
+    return rows
+
+
 def gpu_mfu(rounds: int) -> dict | None:
     import torch
 
     if not torch.cuda.is_available():
         return None
     from cluster.spec import JobSpec
-    from cluster.submit import as_overrides
-    from train.config import load
+    from train.config import as_overrides, load
     from train.model import flops_per_sample
 
     spec = load(JobSpec, ROOT / "jobs/bench_gpu.yaml")
@@ -206,10 +215,7 @@ def gpu_mfu(rounds: int) -> dict | None:
     name = torch.cuda.get_device_name(0)
     dtype = "bf16" if spec.train.precision == "bf16" else "fp32"
     peak = next((v[dtype] for k, v in PEAK_FLOPS.items() if k in name), None)
-    flops = flops_per_sample(spec.model)
-    rows = [{**r, "tflops": r["samples_per_s"] * flops / 1e12} for r in out["runs"]]
-    for r in rows:
-        r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
+    rows = mfu_rows(out["runs"], flops_per_sample(spec.model), name, dtype)
     return {"device": name, "dtype": dtype, "peak_tflops": peak / 1e12 if peak else None, "runs": rows}
 
 
@@ -396,7 +402,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="1 round, fewer steps and smaller sweeps (a smoke run)")
     parser.add_argument("--out", default=str(DOCS / "benchmarks.md"))
+    parser.add_argument("--gpu-only", action="store_true", help="only the GPU benchmark (MFU), printed as JSON")
     args = parser.parse_args(argv)
+    if args.gpu_only:
+        result = gpu_mfu(args.rounds)
+        print(json.dumps(result, indent=1))
+        return 0 if result else 1
     rounds, steps = (1, 20) if args.quick else (args.rounds, args.steps)
     say("single vs minimal loop")
     single = bench_json("--strategies", "single,minimal", *(["--rounds", "1", "--steps", "200"] if args.quick else []))

@@ -5,7 +5,16 @@ import json
 
 import pytest
 
-from cluster.attempts import Decision, decide, format_attempts, summary, the_failure
+from cluster.attempts import (
+    BAD_NODE_STATES,
+    DEAD_NODE_STATES,
+    Decision,
+    decide,
+    format_attempts,
+    nodes_in,
+    summary,
+    the_failure,
+)
 from train.protocol import never_joined_message, preflight_log_name, record_name
 
 ALLOC = ["n1", "n2", "n3"]
@@ -112,3 +121,12 @@ def test_ranks_that_never_joined_the_preflight_name_their_nodes(tmp_path):
     failure = the_failure(tmp_path, {"attempt": 1, "nodes": ["n1", "n3", "n4"], "time": 0.0})
     assert failure["suspects"] == ["n3", "n4"] and failure["rank"] == 2
     assert failure["error"] == "preflight: rank(s) [2, 5] never joined (on n3, n4)"
+
+
+SINFO = "n1 idle*\nn2 mix*\nn3 down*\nn4 drain\nn5 alloc\nn6 fail\nn7 drng*\n"
+
+
+def test_a_node_not_responding_for_a_moment_is_neither_down_nor_dead():
+    """sinfo's trailing * (no answer yet) marks no node; SLURM says down after SlurmdTimeout."""
+    assert nodes_in(SINFO, BAD_NODE_STATES) == {"n3", "n4", "n6", "n7"}  # left out of restarts
+    assert nodes_in(SINFO, DEAD_NODE_STATES) == {"n3", "n6"}  # the guard requeues for these only

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import types
 import typing
@@ -332,6 +333,18 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(key, f"value {raw!r} is not valid YAML: {exc}") from None
     return parts, value
+
+
+def as_overrides(tree: Mapping, prefix: str = "") -> list[str]:
+    """The inverse of ``apply_overrides``: {"train": {"steps": 5}} -> ["train.steps=5"], each
+    value as JSON (which is YAML), for handing a configuration to a command line."""
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out += as_overrides(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={json.dumps(value)}")
+    return out
 
 
 def apply_overrides(tree: dict, overrides: Sequence[str]) -> dict:

@@ -1,0 +1,118 @@
+"""The GPU tier (``-m gpu``, ``make gpu-check``): the paths that run only on CUDA, run where
+CUDA is present and skipped with the reason printed elsewhere. Their CPU-side parts (the MFU
+arithmetic, the configurations they refuse) are exercised in the fast tier below the line.
+
+Tolerances, float32 on the GPU: NCCL's all-reduce and cuBLAS pick kernels by shape (a rank's
+half batch is another shape than the whole), so the sums of a gradient are ordered
+differently than in one process, a few ulps per step over 20 steps: ``GPU_ATOL = 1e-5`` is
+the CPU bound's 1e-6 with 10x for kernel choice, still 100x below a missing division by the
+world size (1e-3 after one step). bf16 keeps 8 bits of mantissa (relative rounding 4e-3):
+after 20 steps its loss is within ``LOW_PRECISION_RTOL = 5%`` of fp32's, and must differ
+from it (else autocast or the policy did nothing); fp16 with the GradScaler likewise.
+"""
+
+import pytest
+import torch
+
+from cluster.report import PEAK_FLOPS, mfu_rows
+from tests.conftest import ROOT
+from tests.test_data_parallel import BASE, max_diff, run_strategy
+from train.config import Config, load
+from train.dist_env import DistEnv
+from train.loop import setup, train
+from train.parallel.common import full_parameters
+
+GPU_ATOL = 1e-5
+LOW_PRECISION_RTOL = 0.05
+cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here: the gpu tier runs where one is (make gpu-check)"
+)
+
+
+def one_gpu_run(tmp_path, *overrides) -> tuple[dict, dict]:
+    """(final parameters, last step record) of one process on cuda:0."""
+    cfg = load(Config, None, [*BASE, "train.device=cuda", f"train.run_dir={tmp_path / 'one'}", *overrides])
+    env = DistEnv(device="cuda:0")
+    trainable, ctx = setup(cfg, env)
+    record = train(cfg, env, trainable, ctx, quiet=True)
+    return full_parameters(trainable), record
+
+
+@pytest.mark.gpu
+@cuda
+def test_nccl_ddp_matches_one_gpu(tmp_path):
+    nprocs = min(2, torch.cuda.device_count())
+    reference, _ = one_gpu_run(tmp_path)
+    params, _, records = run_strategy(tmp_path, nprocs, "parallel.strategy=ddp", "train.device=cuda")
+    assert records[0][0]["env"]["backend"] == "nccl"
+    for p in params:
+        assert max_diff(p, reference) < GPU_ATOL
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_and_the_grad_scaler_train_close_to_fp32(precision, tmp_path):
+    """bf16 autocast, and fp16 autocast with the GradScaler (its state is checkpointed)."""
+    _, fp32 = one_gpu_run(tmp_path / "fp32")
+    _, low = one_gpu_run(tmp_path / precision, f"train.precision={precision}", "train.ckpt_every=20")
+    assert low["train_loss"] != fp32["train_loss"]
+    assert abs(low["train_loss"] - fp32["train_loss"]) <= LOW_PRECISION_RTOL * fp32["train_loss"]
+    extra = torch.load(tmp_path / precision / "one" / "checkpoints" / "step_0000020" / "extra_rank00000.pt",
+                       weights_only=False)  # fmt: skip
+    assert (extra["scaler"] is not None) == (precision == "fp16")
+
+
+@pytest.mark.gpu
+@cuda
+def test_fsdp_mixed_precision_policy_trains_close_to_fp32(tmp_path):
+    """FSDP's own policy (bf16 compute, fp32 gradient reduction) over NCCL."""
+    _, fp32 = one_gpu_run(tmp_path / "fp32")
+    nprocs = min(2, torch.cuda.device_count())
+    _, _, records = run_strategy(
+        tmp_path, nprocs, "parallel.strategy=fsdp", "train.precision=bf16", "train.device=cuda"
+    )
+    low = [r for r in records[0] if r["event"] == "step"][-1]
+    assert low["train_loss"] != fp32["train_loss"]
+    assert abs(low["train_loss"] - fp32["train_loss"]) <= LOW_PRECISION_RTOL * fp32["train_loss"]
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_mfu_benchmark_end_to_end():
+    from cluster.report import gpu_mfu
+
+    result = gpu_mfu(rounds=1)
+    assert result["device"] == torch.cuda.get_device_name(0) and result["runs"]
+    for row in result["runs"]:
+        assert row["tflops"] > 0 and (row["mfu"] is None or 0 < row["mfu"] < 1), row
+
+
+@pytest.mark.gpu
+@cuda
+def test_a_gpu_job_through_the_local_launcher_names_its_device(tmp_path):
+    from tests.jobs_helpers import submit
+
+    result, info = submit(str(ROOT / "jobs/single_gpu.yaml"), tmp_path, "cluster=local", "train.steps=50")
+    assert result.returncode == 0, result.stdout[-3000:]
+    log = (tmp_path / "single-gpu" / info["job_id"] / "rank_00000.log").read_text()
+    assert "device cuda:0" in log
+
+
+# ----------------------------------------------------------------------------- on the CPU
+def test_mfu_arithmetic():
+    """What gpu_mfu does with the benchmark's rows, without a GPU."""
+    rows = mfu_rows([{"strategy": "single", "samples_per_s": 1000.0}], 2e9, "NVIDIA H100 80GB HBM3", "bf16")
+    assert rows[0]["tflops"] == pytest.approx(2.0) and rows[0]["mfu"] == pytest.approx(
+        2e12 / PEAK_FLOPS["H100"]["bf16"]
+    )
+    assert mfu_rows([{"samples_per_s": 1.0}], 1.0, "a GPU of no table", "bf16")[0]["mfu"] is None
+
+
+def test_fp16_is_refused_on_the_cpu_before_training():
+    from train.config import ConfigError
+    from train.loop import check_supported
+
+    with pytest.raises(ConfigError) as err:
+        check_supported(load(Config, None, ["train.precision=fp16"]), torch.device("cpu"))
+    assert err.value.key == "train.precision"
