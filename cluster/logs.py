@@ -328,7 +328,7 @@ def rank_reports(
     reports = []
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
-        final, end, preempted = False, None, None
+        final, end, preempted, trained = False, None, None, False
         if record_name(rank) in names:
             records = list(read_records(os.path.join(job_dir, record_name(rank))))
             starts = [i for i, rec in enumerate(records) if rec.get("event") == "start"]
@@ -351,6 +351,7 @@ def rank_reports(
             end = next((rec for rec in reversed(attempt) if rec.get("event") == "end"), None)
             final = bool(last and last[-1].get("final")) or bool(end and end.get("exit_code") == 0)
             preempted = next((rec for rec in attempt if rec.get("event") == "preempted"), None)
+            trained = any(rec.get("event") in ("first_step", "step") for rec in attempt)
             rep.last_time = max((rec.get("time", 0) for rec in records), default=0) or None
         logs = rank_logs(job_dir, rank, names)
         rep.attempts = max(1, len(logs))
@@ -376,7 +377,11 @@ def rank_reports(
             rep.error_time = rep.error_time or rep.last_time
         elif scan["stalled"]:
             rep.state = "stalled"
-            rep.error = f"stall watchdog: no step completed in time ({scan['stalled']})"
+            rep.error = (
+                f"stall watchdog: no step completed in time ({scan['stalled']})"
+                if trained
+                else f"start-up limit: no first optimizer step in time ({scan['stalled']})"
+            )
             rep.error_time = rep.last_time
         elif running and rep.last_time and now - rep.last_time > silent_after_s:
             rep.state = "silent"

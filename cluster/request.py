@@ -119,6 +119,8 @@ def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
         shim.append("--rank-log")
     stall = spec.stall_timeout_s if spec.stall_timeout_s is not None else spec.train.stall_timeout_s
     shim.append(f"--stall-timeout-s={stall:g}")
+    if spec.startup_timeout_s and p.require_progress and p.kind != "command":  # a command's steps cannot be seen
+        shim.append(f"--startup-timeout-s={spec.startup_timeout_s:g}")
     if spec.rank_signal:
         shim.append(f"--time-limit-signal={spec.rank_signal}")
     shim.append(f"--{p.kind}={p.target}")

@@ -227,6 +227,10 @@ class JobSpec:
     # train.stall_timeout_s; a user's program is watched from its first optimizer step on.
     # With preflight, it is also how long rank 0 waits for every rank to join (default 120 s).
     stall_timeout_s: float | None = None
+    # Start-up limit: a rank with no first optimizer step this long after it started writes its
+    # stacks and exits 1 (0 = off; not for programs with require_progress=false, which need not
+    # step). For the built-in trainer it sets train.startup_timeout_s.
+    startup_timeout_s: float = 600.0
     # The built-in trainer's configuration, passed unchanged to every rank (not with program:).
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -263,6 +267,7 @@ class JobSpec:
         cfg = Config(**{s: getattr(self, s) for s in TRAIN_SECTIONS})
         if self.stall_timeout_s is not None:
             cfg.train.stall_timeout_s = self.stall_timeout_s
+        cfg.train.startup_timeout_s = self.startup_timeout_s
         # The trainer checkpoints on the spec's time-limit signal and requeues if the spec says so.
         cfg.train.preempt_signal = self.rank_signal or cfg.train.preempt_signal
         cfg.train.requeue = self.requeue
@@ -298,7 +303,7 @@ class JobSpec:
                 parse_time_limit_signal(self.signal)
             except ValueError as exc:
                 raise ConfigError("signal", f"{self.signal!r}: {exc}") from None
-        require_positive(self, prefix, "stall_timeout_s", minimum=0)
+        require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
         if self.cluster == "docker" and not self.container.image:
             raise ConfigError(
                 "container.image",

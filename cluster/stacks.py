@@ -29,6 +29,9 @@ LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<froz
 # Frames that mean "this rank is inside a collective": torch.distributed itself, and the
 # autograd engine, where DDP and FSDP run their reductions from backward hooks.
 COLLECTIVE_PATH = re.compile(r"torch/distributed/|torch/autograd/")
+# DDP's own work around a forward (its bucket rebuild and buffer broadcasts are collectives):
+# a collective only as the innermost frame, for DDP's forward also wraps the model's compute.
+DDP_INNERMOST = re.compile(r"torch/nn/parallel/distributed\.py")
 TRACEBACK = b"Traceback (most recent call last):"
 DUMP_HEADER = b"(most recent call first):"
 BARRIER = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
@@ -95,7 +98,8 @@ class Stack:
         """The collective this stack waits in (None: not inside one, as far as frames show)."""
         inside = [f for f in self.frames if COLLECTIVE_PATH.search(f.file)]
         if not inside:
-            return None
+            ddp = self.frames[:1] if self.frames and DDP_INNERMOST.search(self.frames[0].file) else []
+            return f"DDP's {ddp[0].func}" if ddp else None
         if any("torch/autograd/" in f.file for f in inside):
             return "backward"
         api = [f for f in inside if f.file.endswith("distributed_c10d.py")]
@@ -222,7 +226,10 @@ def classify(stacks: dict[int, Stack], errors: dict[int, str], snapshot: bool = 
     if not culprits:
         waiting = {r for r, s in stacks.items() if s.waiting_in() or CASCADE.search(errors.get(r, ""))}
         elsewhere = sorted(set(stacks) - waiting)
-        if waiting and elsewhere and len(elsewhere) < len(waiting):
+        # After a stall (not a snapshot of a job that may be healthy), a rank in no collective
+        # while as many peers wait in one is what they wait for: 1 of 2 ranks counts.
+        fewer = len(elsewhere) < len(waiting) or (len(elsewhere) == len(waiting) and not snapshot)
+        if waiting and elsewhere and fewer:
             culprits, reason = elsewhere, "the only rank(s) not inside a collective"
         elif len(groups) > 1 and len(groups[0]["ranks"]) > len(groups[1]["ranks"]):
             culprits = sorted(r for g in groups[1:] for r in g["ranks"])

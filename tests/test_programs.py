@@ -226,7 +226,7 @@ def test_a_users_train_py_and_cluster_py_neither_shadow_nor_are_shadowed(tmp_pat
         assert "world size 2: 2 completed" in done.stdout
 
 
-@pytest.mark.parametrize("script, noted", [("tests/signal_script.py", False), ("tests/ckpt_killer.py", True)])
+@pytest.mark.parametrize("script, noted", [("tests/user_script.py", False), ("tests/ckpt_killer.py", True)])
 def test_plan_notes_a_script_that_never_names_the_specs_signal(script, noted):
     result = run_module("cluster", "plan", "jobs/cnn.yaml", f"program.script={script}")
     assert result.returncode == 0 and ("never names SIGUSR1" in result.stderr) == noted, result.stderr

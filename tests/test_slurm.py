@@ -200,7 +200,7 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
       the next attempt resumes from its file;
     - a script with no handler: it runs on to its time limit, and ``cluster logs`` says so.
     No batch log holds "User defined signal 1" (a rank or agent killed by the signal)."""
-    script = ["program.script=tests/signal_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
+    script = ["program.script=tests/user_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
     ckpt = tmp_path / "handled.pt"
     handled = f'program.args=["--ckpt", "{ckpt}", "--handle", "--step-s", "7"]'
     jobs = {

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 # A one-minute limit with the signal 52 s before it: the signal comes about 8 s in.
 SOON = ["time=00:01:00", "signal=USR1@52"]
 LOCAL = ["cluster=local", "nodes=1", "gpus_per_node=0", "tasks_per_node=2", "env.OMP_NUM_THREADS=1"]
-SCRIPT = "program.script=tests/signal_script.py"
+SCRIPT = "program.script=tests/user_script.py"
 
 
 def test_the_built_in_trainer_checkpoints_at_the_signal_without_ckpt_every(tmp_path):
@@ -59,3 +59,29 @@ def test_a_script_without_a_handler_runs_on_and_the_shim_says_the_signal_came(la
     assert "job ended: exit 0" in (job_dir / "controller.log").read_text()
     _, report = logs_json(job_dir)
     assert [r["state"] for r in report["ranks"]] == ["completed", "completed"], report
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_a_rank_hung_before_its_first_step_is_stopped_by_the_start_up_limit_and_named(launcher, tmp_path):
+    """Rank 1 loops in the script's own code before its first step; rank 0 waits for it in
+    backward's all_reduce. The start-up limit (20 s here) stops the job, and cluster logs names
+    rank 1, the rank in no collective, from the stacks the ranks dumped: not rank 0."""
+    args = f'program.args=["--ckpt", "{tmp_path / "ckpt.pt"}", "--hang-rank", "1"]'
+    result, info = submit("jobs/cnn.yaml", tmp_path, *LOCAL, SCRIPT, args, "startup_timeout_s=20",
+                          f"program.launcher={launcher}", "signal=")  # fmt: skip
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    assert result.returncode == 1, result.stdout
+    _, report = logs_json(job_dir)
+    assert report["first_failure"]["rank"] == 1 and report["hang"]["culprits"] == [1], report
+    assert "user_script.py" in report["first_failure"]["error"], report["first_failure"]
+
+
+def test_the_built_in_trainer_has_the_start_up_limit_too(tmp_path):
+    """Rank 1 of the built-in trainer hangs at its first step (train.hang_at_step=1): the
+    start-up limit, not the stall watchdog (armed only at the first step), ends it."""
+    result, info = submit("jobs/local.yaml", tmp_path, "tasks_per_node=2", "startup_timeout_s=20",
+                          "stall_timeout_s=0", "train.hang_at_step=1", "train.hang_rank=1")  # fmt: skip
+    job_dir = tmp_path / "local" / info["job_id"]
+    assert result.returncode == 1, result.stdout
+    _, report = logs_json(job_dir)
+    assert report["first_failure"]["rank"] == 1 and report["hang"]["culprits"] == [1], report

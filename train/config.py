@@ -117,6 +117,10 @@ class TrainConfig:
     # stack to its log and exits 1, so the job ends long before the collective timeout.
     # 0 turns it off. It must exceed the longest step, evaluation or checkpoint save.
     stall_timeout_s: float = 180.0
+    # Start-up limit: from the process start to the first step (joining the group, building the
+    # model, loading data and a checkpoint), the same dump and exit 1 (0: none). Generous: a
+    # large model's first step can take minutes.
+    startup_timeout_s: float = 600.0
     # TORCH_DISTRIBUTED_DEBUG=DETAIL on every rank: collectives are checked for matching
     # shapes and a monitored barrier names ranks that never arrive (slow; for debugging).
     debug_collectives: bool = False
@@ -147,6 +151,7 @@ class TrainConfig:
             "hang_rank",
             "extra_collective_rank",
             "stall_timeout_s",
+            "startup_timeout_s",
             "fault_attempt",
             minimum=0,
         )

@@ -9,7 +9,8 @@ code, where no Python-level thread or signal handler would run.
   default, so a snapshot taken before a rank registered it cannot kill that rank, and it is
   neither SLURM's preemption signal here (USR1) nor submitit's (USR2).
 - :class:`StallWatchdog` (``train.stall_timeout_s``): faulthandler's C timer thread dumps and
-  exits 1 when no step completed in time, so ``srun --kill-on-bad-exit`` ends the job.
+  exits 1 when no step completed in time, so ``srun --kill-on-bad-exit`` ends the job; before
+  the first step, :func:`startup_limit` (``startup_timeout_s``) does the same.
 
 :func:`collective_checks` turns on what torch itself can tell: TORCH_DISTRIBUTED_DEBUG=DETAIL
 (mismatched collectives, ranks missing a monitored barrier) and, for NCCL, the flight
@@ -47,6 +48,14 @@ def collective_checks(debug_collectives: bool, backend: str, run_dir: str) -> No
         os.environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(Path(run_dir) / FLIGHT_RECORDER_PREFIX))
 
 
+def startup_limit(timeout_s: float) -> None:
+    """From the process start to the first optimizer step (``StallWatchdog.start`` takes over):
+    dump every stack and exit 1 after ``timeout_s`` (0: no limit). A rank that hangs before its
+    first step (a loader that never yields, a rendezvous that never completes) is stopped too."""
+    if timeout_s:
+        faulthandler.dump_traceback_later(timeout_s, exit=True, file=sys.__stderr__)
+
+
 class StallWatchdog:
     """Dump every stack and exit 1 when :meth:`progress` was not called for ``timeout_s``.
 
@@ -62,12 +71,14 @@ class StallWatchdog:
         self.armed_at = -float("inf")
 
     def start(self) -> None:
+        """At the first step: replaces the start-up limit (or ends it, with no stall timeout)."""
         if self.timeout_s:
             self.arm(time.monotonic())
+        else:
+            faulthandler.cancel_dump_traceback_later()
 
     def stop(self) -> None:
-        if self.timeout_s:
-            faulthandler.cancel_dump_traceback_later()
+        faulthandler.cancel_dump_traceback_later()  # the stall timer, or a start-up limit still set
 
     def arm(self, now: float) -> None:
         faulthandler.dump_traceback_later(self.timeout_s + self.rearm_s, exit=True, file=sys.__stderr__)

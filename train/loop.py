@@ -182,8 +182,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     memory = None
     if t.stall_timeout_s and not quiet:
         print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
-    watchdog = StallWatchdog(t.stall_timeout_s)
-    watchdog.start()
+    watchdog = StallWatchdog(t.stall_timeout_s)  # from the first step: until then, the start-up limit
     step = start
 
     def save(step: int) -> None:
@@ -219,9 +218,11 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 memory = state_bytes(trainable)
             optimizer.zero_grad(set_to_none=True)
             progress.step_done()
-            watchdog.progress()
             if step == start + 1:  # when this attempt began to train (cluster logs: time to recover)
+                watchdog.start()
                 writer.write("first_step", step=step)
+            else:
+                watchdog.progress()
             last = step == t.steps
             if t.ckpt_every and (step % t.ckpt_every == 0 or last):
                 save(step)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 import traceback
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch.distributed as dist
 from train.config import Config, ConfigError
 from train.dist_env import cpu_threads, from_environ, init_process_group
 from train.errors import RankFailed
-from train.hangs import collective_checks, install_dumps
+from train.hangs import collective_checks, install_dumps, startup_limit
 from train.loop import run
 from train.output import redirect_to, timestamp_lines
 from train.preempt import requeue
@@ -27,6 +28,12 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
         timestamp_lines()
     # A rank killed by its launcher after a peer died (or stuck in a hang) writes where it was.
     install_dumps()
+    startup_limit(cfg.train.startup_timeout_s)  # until the first step; then the stall watchdog
+    if cfg.train.startup_timeout_s:
+        print(
+            f"start-up limit: stacks to this log and exit 1 without a first step in {cfg.train.startup_timeout_s:g} s",
+            flush=True,
+        )
     threads = cpu_threads(env)
     if threads:
         torch.set_num_threads(threads)
@@ -49,6 +56,7 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
         # stdout (`python -m train | head`) ends the run quietly there, as it would `cat`.
         raise
     except BaseException:
+        faulthandler.cancel_dump_traceback_later()  # failing on its own: no watchdog cuts the traceback short
         # Print now, before tearing the group down: peers see "connection closed" once this
         # process leaves, and the timestamps must show this rank's error first.
         print(f"rank {env.rank} failed on {env.host}:", file=sys.stderr)

@@ -8,7 +8,8 @@ of it (it runs unchanged):
   torchrun's workers; otherwise srun or the local launcher already point the output there);
 - every thread's stack in that log on SIGTERM, fatal signals and ``cluster snapshot``;
 - progress from the optimizer's steps (torch's global optimizer-step hook): step records with
-  step times, and the stall watchdog, armed at the first step;
+  step times, and the stall watchdog, armed at the first step; before it, the start-up limit
+  (``--startup-timeout-s``) stops a rank that never gets to a first step, stacks in its log;
 - start and end records (``train.protocol``), so ``cluster logs`` tells completed from failed,
   killed, stalled, and "completed without training progress";
 - the job's time-limit signal (``--time-limit-signal``, the spec's ``signal``) never kills a
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import faulthandler
 import importlib
 import json
 import os
@@ -39,7 +41,7 @@ import traceback
 from pathlib import Path
 
 from train.dist_env import cpu_threads, from_environ, torchrun_environ
-from train.hangs import StallWatchdog, install_dumps
+from train.hangs import StallWatchdog, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
 from train.protocol import DUMP_SIGNAL, RecordWriter, log_name, parse_time_limit_signal, stamp
 
@@ -115,6 +117,9 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=l
     except SystemExit as exc:
         return exit_code(exc)
     except BaseException as exc:  # printed as Python would, for the log inspector
+        # The rank fails on its own now: no watchdog may cut its traceback short (a peer's
+        # start-up limit that fired first is what this error may be the consequence of).
+        faulthandler.cancel_dump_traceback_later()
         traceback.print_exc()
         on_error(exc)
         return 1
@@ -168,6 +173,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--job-dir", required=True, help="where the rank's records (and --rank-log's log) go")
     parser.add_argument("--rank-log", action="store_true", help="open the rank's own log (torchrun's workers)")
     parser.add_argument("--stall-timeout-s", type=float, default=180.0, help="0: no stall watchdog")
+    parser.add_argument("--startup-timeout-s", type=float, default=0.0, help="to the first step; 0: none")
     parser.add_argument("--time-limit-signal", default="", help="the spec's signal (USR1): logged, never fatal")
     what = parser.add_mutually_exclusive_group(required=True)
     for kind in ("script", "module", "function", "command"):
@@ -213,6 +219,7 @@ def main(argv: list[str]) -> None:
             runs_on_after(time_limit)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        startup_limit(args.startup_timeout_s)
         progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s))
         register_optimizer_step_post_hook(progress)
         code = run_python(

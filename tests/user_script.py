@@ -1,5 +1,9 @@
 """A user's script written for torchrun, without a line of the kit, for the time-limit
-signal tests: ``torchrun ... tests/signal_script.py --ckpt F [--handle] [--step-s S] [--stop-file F]``.
+signal and start-up tests:
+``torchrun ... tests/user_script.py --ckpt F [--handle] [--step-s S] [--stop-file F] [--hang-rank R]``.
+
+With ``--hang-rank R``, rank R loops forever before its first step (like a data loader that
+never yields) while the others wait for it in backward's all_reduce.
 
 With ``--handle`` it installs its own SIGUSR1 handler (counting the signals it gets), finishes
 the step it is in (each ``--step-s`` long: a large model, a slow save), saves ``--ckpt``, asks
@@ -22,6 +26,7 @@ def main() -> None:
     parser.add_argument("--handle", action="store_true")
     parser.add_argument("--step-s", type=float, default=0.0)
     parser.add_argument("--stop-file", default="")
+    parser.add_argument("--hang-rank", type=int, default=-1)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -36,6 +41,8 @@ def main() -> None:
     got: list[float] = []
     if args.handle:
         signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(time.time()))
+    while rank == args.hang_rank:
+        time.sleep(0.1)  # the script's own loop, before its first step: in no collective
     while True:
         step += 1
         model(torch.randn(8, 4)).square().mean().backward()
