@@ -79,7 +79,8 @@ def test_per_task_ranks_run_the_shim_around_the_program():
     (step,) = make_request(s, make_plan(s), "py").steps
     assert step.per_rank and step.tasks_per_node == 2 and step.output.startswith("rank_")
     assert step.command == ("py", "-P", "-m", "train.shim", "--job-dir=$JOB_DIR", "--stall-timeout-s=30",
-                            "--time-limit-signal=USR1", "--script=jobs/train_cnn.py", "--", "--steps", "7")  # fmt: skip
+                            "--startup-timeout-s=600", "--time-limit-signal=USR1", "--script=jobs/train_cnn.py",
+                            "--", "--steps", "7")  # fmt: skip
     (plain,) = make_request(spec("signal="), make_plan(spec("signal=")), "py").steps  # no signal: no handler
     assert not any(w.startswith("--time-limit-signal") for w in plain.command)
 

@@ -1,0 +1,94 @@
+"""``python -P -m train.stamper IN OUT [IN OUT]``: stamps what a rank writes to its file
+descriptors 1 and 2 below Python (NCCL, gloo and c10d's C++ messages, any C library), so that
+the log inspector can date the lines that matter most on a GPU cluster.
+
+``train.output.stamp_descriptors`` points the rank's descriptors 1 and 2 at pipes whose read
+ends (IN) this process copies to where they pointed before (OUT), a stamp before every line
+that has none. A separate process, not a thread: a rank that dies at once (the stall watchdog's
+exit, SIGKILL) loses nothing it wrote; this process reads to the end of its pipes and exits
+when the last writer is gone. Left as they are: lines Python already stamped at their write
+(``train.output.TimestampedStream``, more exact), and faulthandler's dumps, which the inspector
+reads as one unstamped block dated by the line before it. It ignores every signal a launcher
+sends a step's processes (the time-limit signal, SIGTERM), so that it drains what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import sys
+
+from train.protocol import STAMP_LENGTH, STAMPED, stamp
+
+# faulthandler's line forms (CPython's faulthandler.c and traceback.c), and blank lines.
+FAULTHANDLER = re.compile(
+    rb"(Fatal Python error: |Current thread 0x|Thread 0x|Stack \(most recent|  File \"|  <|  \.\.\.|"
+    rb"Timeout \(\d|Extension modules: |Python runtime state|Garbage-collecting|\r?\n)"
+)
+STAMPED_BYTES = re.compile(STAMPED.pattern.encode())
+DECIDE_AFTER_S = 0.2  # a partial line (a progress bar) waits this long for the bytes that decide it
+
+
+class Stream:
+    """One pipe: the start of a line is held until it shows whether it needs a stamp."""
+
+    def __init__(self, out: int):
+        self.out = out
+        self.head = b""  # the start of the current line, not yet decided
+        self.decided = False  # the current line's start is written; the rest goes straight through
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        out = []
+        while data:
+            if self.decided:
+                end = data.find(b"\n")
+                piece, data = (data, b"") if end == -1 else (data[: end + 1], data[end + 1 :])
+                out.append(piece)
+                self.decided = end == -1
+                continue
+            end = data.find(b"\n")
+            take = len(data) if end == -1 else end + 1
+            self.head, data = self.head + data[:take], data[take:]
+            if self.head.endswith(b"\n") or len(self.head) >= STAMP_LENGTH:
+                out.append(self.decide())
+        if final and self.head:
+            out.append(self.decide())
+        if out:
+            os.write(self.out, b"".join(out))
+
+    def decide(self) -> bytes:
+        head, self.head = self.head, b""
+        self.decided = not head.endswith(b"\n")
+        if STAMPED_BYTES.match(head) or FAULTHANDLER.match(head):
+            return head
+        return stamp().encode() + head
+
+    def flush_partial(self) -> None:
+        """A partial line that waited long enough: decided with what it has."""
+        if self.head:
+            os.write(self.out, self.decide())
+
+
+def main(argv: list[str]) -> None:
+    for sig in set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}:
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    streams = {int(i): Stream(int(o)) for i, o in zip(argv[::2], argv[1::2])}
+    while streams:
+        ready, _, _ = select.select(list(streams), [], [], DECIDE_AFTER_S)
+        if not ready:
+            for s in streams.values():
+                s.flush_partial()
+        for fd in ready:
+            data = os.read(fd, 65536)
+            streams[fd].feed(data, final=not data)
+            if not data:  # every writer is gone
+                del streams[fd]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
