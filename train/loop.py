@@ -180,6 +180,11 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     record: dict = {}
     finite: tuple[int, float] | None = None  # the last logged step with a finite loss
     memory = None
+    if t.startup_timeout_s and not quiet:
+        print(
+            f"start-up limit: stacks to this log and exit 1 without a first step {t.startup_timeout_s:g} s after the start",
+            flush=True,
+        )
     if t.stall_timeout_s and not quiet:
         print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
     watchdog = StallWatchdog(t.stall_timeout_s)  # from the first step: until then, the start-up limit

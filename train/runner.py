@@ -29,11 +29,6 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
     # A rank killed by its launcher after a peer died (or stuck in a hang) writes where it was.
     install_dumps()
     startup_limit(cfg.train.startup_timeout_s)  # until the first step; then the stall watchdog
-    if cfg.train.startup_timeout_s:
-        print(
-            f"start-up limit: stacks to this log and exit 1 without a first step in {cfg.train.startup_timeout_s:g} s",
-            flush=True,
-        )
     threads = cpu_threads(env)
     if threads:
         torch.set_num_threads(threads)
