@@ -641,10 +641,12 @@ def step_time_grid(report: Report, columns: int = 400) -> tuple[list[RankReport]
     return order, grid, t0, t1
 
 
-def plot_step_times(report: Report, path: str | Path) -> None:
+def plot_step_times(report: Report, path: str | Path) -> dict:
     """The job as people look at it at scale: one row per rank, grouped by node, against wall
     time, coloured by step time (grey where a rank logged nothing), with the first failure or
-    hang culprit and the stragglers marked. Readable at 1024 ranks, where lines per rank are not."""
+    hang culprit and the stragglers marked. Readable at 1024 ranks, where lines per rank are not.
+    Returns what it drew: ``rows`` (the ranks, top down), ``stragglers``, ``failure`` (its
+    label) and ``attempts`` (each failed attempt's and restart's label)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -652,6 +654,7 @@ def plot_step_times(report: Report, path: str | Path) -> None:
     from matplotlib.colors import LogNorm
 
     order, grid, t0, t1 = step_time_grid(report)
+    drawn = {"rows": [r.rank for r in order], "stragglers": [], "failure": None, "attempts": []}
     fig, ax = plt.subplots(figsize=(11, 6))
     ax.set_title(f"step time per rank: {report.job_dir}", fontsize=9)
     if not grid:  # ended before its first log interval (train.log_every)
@@ -678,23 +681,28 @@ def plot_step_times(report: Report, path: str | Path) -> None:
         for r in order:
             if r.straggler:
                 ax.plot(0, rows[r.rank] + 0.5, ">", color="orange", ms=6, clip_on=False)
+                drawn["stragglers"].append(r.rank)
         failure = report.first_failure
         if failure and failure["rank"] in rows:  # an error long after the last step: at the right edge
             when = min(failure.get("time") or t1, t1) - t0
             ax.plot(when, rows[failure["rank"]] + 0.5, "X", color="red", ms=12, mec="white", clip_on=False)
             what = "hang culprit" if report.hang else "first failure"
-            ax.annotate(f"{what}: rank {failure['rank']} ({failure['state']}) on {failure['host']}",
+            drawn["failure"] = f"{what}: rank {failure['rank']} ({failure['state']}) on {failure['host']}"
+            ax.annotate(drawn["failure"],
                         (when, rows[failure["rank"]] + 0.5), xytext=(-10, -14), textcoords="offset points",
                         ha="right", color="red", fontsize=8)  # fmt: skip
-        mark_attempts(ax, report.attempts, rows, t0)
+        drawn["attempts"] = mark_attempts(ax, report.attempts, rows, t0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return drawn
 
 
-def mark_attempts(ax, attempts: list[dict], rows: dict[int, int], t0: float) -> None:
-    """spec.restarts: each failed attempt (its culprit, the node left out) and each restart."""
+def mark_attempts(ax, attempts: list[dict], rows: dict[int, int], t0: float) -> list[str]:
+    """spec.restarts: each failed attempt (its culprit, the node left out) and each restart;
+    returns their labels."""
     top = ax.get_xaxis_transform()  # x in seconds, y in axes fractions
+    labels = []
     for a, following in zip(attempts, [*attempts[1:], None]):
         if a.get("failed_at"):
             x = a["failed_at"] - t0
@@ -703,13 +711,16 @@ def mark_attempts(ax, attempts: list[dict], rows: dict[int, int], t0: float) -> 
                 ax.plot(x, rows[a["rank"]] + 0.5, "X", color="red", ms=10, mec="white")
             out = "".join(f", {node} excluded" for node, _ in a.get("excluded", []))
             culprit = f"rank {a['rank']} on {a['node']}" if a.get("rank") is not None else "no rank named"
-            ax.text(x, 0.99, f" attempt {a['attempt']} failed: {culprit}{out}", transform=top, rotation=90,
-                    va="top", ha="right", color="red", fontsize=7)  # fmt: skip
+            labels.append(f"attempt {a['attempt']} failed: {culprit}{out}")
+            ax.text(x, 0.99, f" {labels[-1]}", transform=top, rotation=90, va="top", ha="right", color="red",
+                    fontsize=7)  # fmt: skip
         if following is not None:
             x = following["started"] - t0
             ax.axvline(x, color="limegreen", ls=":", lw=1.5)
-            ax.text(x, 0.99, f" restart {following['attempt']} on {','.join(following['nodes'])}", transform=top,
-                    rotation=90, va="top", ha="left", color="green", fontsize=7)  # fmt: skip
+            labels.append(f"restart {following['attempt']} on {','.join(following['nodes'])}")
+            ax.text(x, 0.99, f" {labels[-1]}", transform=top, rotation=90, va="top", ha="left", color="green",
+                    fontsize=7)  # fmt: skip
+    return labels
 
 
 def tail(path: Path, k: int) -> list[str]:

@@ -110,8 +110,9 @@ def test_plot_of_1024_ranks_is_one_image_with_the_failure_marked(tmp_path):
     from cluster.logs import plot_step_times
 
     report = inspect(make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8), running=False)
-    plot_step_times(report, tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and report.first_failure["rank"] == 341
+    drawn = plot_step_times(report, tmp_path / "plot.png")
+    assert drawn["rows"] == list(range(1024)) and drawn["failure"].startswith("first failure: rank 341 (failed)")
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart(tmp_path):
@@ -136,5 +137,6 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     at = lambda t: int((t - t0) / (t1 - t0) * 100)  # noqa: E731
     assert not math.isnan(grid[0][at(START + 1.1)]) and not math.isnan(grid[0][at(START + 9.1)])
     assert all(math.isnan(v) for v in grid[0][at(START + 1.3) : at(START + 8.8)])
-    plot_step_times(report, tmp_path / "plot.png")
-    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
+    drawn = plot_step_times(report, tmp_path / "plot.png")
+    assert drawn["rows"] == [0, 1] and drawn["failure"] is None
+    assert drawn["attempts"] == ["attempt 0 failed: rank 1 on n1, n1 excluded", "restart 1 on n2,n3"]
