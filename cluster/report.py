@@ -374,7 +374,9 @@ def averaging_markdown(a: dict | None) -> list[str]:
     one, ddp = by.get("single"), by.get("ddp")
     lines += [f"`python -m train.bench --strategies {','.join(by)} --nprocs 2 --steps {a['steps']}`: every contender "
               f"trains the same {a['steps']} steps of the same global batch, so the test accuracy is after the same "
-              "samples.", "",
+              "samples. samples/s is each contender's median over the rounds; the ratios are the medians of the "
+              "per-round ratios (every round runs each contender back to back, so a slow moment of the machine "
+              "cancels out), and therefore need not equal the quotient of two medians.", "",
               "| contender | ranks | samples/s | vs one rank | vs ddp | test acc | test loss |",
               "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for x in a["runs"]:
