@@ -1,5 +1,7 @@
 """The log inspector on synthetic job directories (real failures are in test_local_jobs/test_slurm)."""
 
+import pytest
+
 from cluster.logs import compress, format_report, inspect, parse_traceback
 from cluster.synthetic import START, make_job, stamp
 
@@ -140,3 +142,24 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     drawn = plot_step_times(report, tmp_path / "plot.png")
     assert drawn["rows"] == [0, 1] and drawn["failure"] is None
     assert drawn["attempts"] == ["attempt 0 failed: rank 1 on n1, n1 excluded", "restart 1 on n2,n3"]
+
+
+@pytest.mark.parametrize(
+    "batch_log, plan, want",
+    [
+        ("srun: error: n2: tasks 2-3: User defined signal 1\n", {"time_limit_signal": "USR1"},
+         "killed by SIGUSR1: the spec's time-limit signal; the program has no handler"),
+        ("srun: error: n1: task 0: User defined signal 2\n", {"time_limit_signal": "USR1"},
+         "killed by SIGUSR2: sent to the job"),
+        ("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-11-24T10:00:00 DUE TO TIME LIMIT ***\n", {},
+         "killed at the job's time limit"),
+        ("srun: error: n1: task 0: Exited with exit code 1\n", {}, ""),
+    ],
+)  # fmt: skip
+def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, want, tmp_path):
+    from cluster.logs import scheduler_kill
+
+    job_dir = tmp_path / "job" / "12"
+    job_dir.mkdir(parents=True)
+    (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
+    assert scheduler_kill(job_dir, plan) == want
