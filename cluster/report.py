@@ -219,7 +219,10 @@ def gpu_mfu(rounds: int) -> dict | None:
     return {"device": name, "dtype": dtype, "peak_tflops": peak / 1e12 if peak else None, "runs": rows}
 
 
-def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> list[str]:
+def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> dict[str, list[tuple]]:
+    """throughput.png, state_bytes.png and busbw.png; returns what each one draws: (label,
+    value) per bar ((label, params, grads, optimizer) MiB for the stacked one), (bytes, GB/s)
+    per point."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,7 +239,12 @@ def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> list[str]
     fig.savefig(out_dir / "throughput.png", dpi=90)
     plt.close(fig)
 
+    drawn = {"throughput.png": [(label, r["samples_per_s"]) for label, r in zip(labels, strategies)]}
     with_mem = [r for r in strategies if r.get("state_bytes")]
+    drawn["state_bytes.png"] = [
+        (f"{r['strategy']}\nx{r['nprocs']}", *(r["state_bytes"][p] / 2**20 for p in ("params", "grads", "optimizer")))
+        for r in with_mem
+    ]
     fig, ax = plt.subplots(figsize=(12, 4.5))
     bottom = [0.0] * len(with_mem)
     for part in ("params", "grads", "optimizer"):
@@ -260,7 +268,8 @@ def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> list[str]
     fig.tight_layout()
     fig.savefig(out_dir / "busbw.png", dpi=90)
     plt.close(fig)
-    return ["throughput.png", "state_bytes.png", "busbw.png"]
+    drawn["busbw.png"] = [(r["bytes"], r["busbw_gbps"]) for r in sweep]
+    return drawn
 
 
 def render_markdown(r: dict) -> str:

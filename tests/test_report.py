@@ -2,9 +2,8 @@ import pytest
 
 from tests.conftest import run_module
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_quick_report_writes_markdown_and_plots(tmp_path):
     """`make bench` end to end, in its --quick form (1 round, short runs), into a temporary folder."""
     out = tmp_path / "benchmarks.md"
@@ -23,3 +22,21 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         assert needle in text, needle
     for png in ("throughput.png", "state_bytes.png", "busbw.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_benchmark_plots_draw_every_strategy_and_point(tmp_path):
+    """What each plot draws, from the rows it is given (not only that a PNG was written)."""
+    from cluster.report import plots
+
+    mib = 2**20
+    rows = [{"strategy": "single", "nprocs": 1, "samples_per_s": 900.0, "state_bytes": None},
+            {"strategy": "fsdp", "nprocs": 4, "samples_per_s": 300.0,
+             "state_bytes": {"params": mib, "grads": mib, "optimizer": 2 * mib}}]  # fmt: skip
+    sweep = [{"bytes": 1024, "busbw_gbps": 0.5}, {"bytes": 2048, "busbw_gbps": 0.9}]
+    drawn = plots(rows, sweep, tmp_path)
+    assert drawn == {
+        "throughput.png": [("single\nx1", 900.0), ("fsdp\nx4", 300.0)],
+        "state_bytes.png": [("fsdp\nx4", 1.0, 1.0, 2.0)],  # single holds no state_bytes: no bar
+        "busbw.png": [(1024, 0.5), (2048, 0.9)],
+    }
+    assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in drawn)
