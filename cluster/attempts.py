@@ -47,10 +47,9 @@ from train.protocol import (
 NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")
 NON_FINITE = "NonFiniteLoss"  # resumed from the last finite checkpoint at most once
 CONFIG_EXIT = 2  # a rank refused its configuration (the kit's and argparse's bad-input code)
-# sinfo's short states. A trailing * means "not responding": a slurmd slow for a few seconds,
-# not a dead node (SLURM itself marks a node down after SlurmdTimeout without an answer), so it
-# counts for nothing here. A draining node still runs what it runs: left out of restarts, but
-# no reason to requeue the job whose batch script it holds.
+# sinfo's short states. A trailing * means "not responding" (a ping failed): a slurmd slow for
+# a few seconds is no dead node, so it counts for nothing in restarts. A draining node still runs
+# what it runs: left out of restarts, but no reason to requeue the job whose batch script it holds.
 BAD_NODE_STATES = ("down", "drain", "drng", "fail")
 DEAD_NODE_STATES = ("down", "fail")
 GUARD_POLL_S = 5.0  # one sinfo call per job every 5 s: SLURM itself takes SlurmdTimeout to notice
@@ -277,13 +276,41 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
     return 0, begin(job_dir, current["attempt"] + 1, decision.nodes)
 
 
+def batch_node_lost(state: str, silent_s: float, slurmd_timeout_s: float) -> bool:
+    """Whether the guard requeues (pure): the batch node is down or failed, or has answered no
+    ping for half of SlurmdTimeout. Not at SlurmdTimeout itself: at that moment SLURM sets the
+    node down and kills the guard's own step with it ("Killing JobId=29 StepId=0 due to failed
+    node n1", CI job 29), and a node silent that long is no slurmd slow for a few seconds."""
+    return state.startswith(DEAD_NODE_STATES) or (state.endswith("*") and silent_s >= slurmd_timeout_s / 2)
+
+
+def slurmd_timeout_s() -> float:
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True).stdout
+    found = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", out, re.M)
+    return float(found.group(1)) if found else 300.0  # SLURM's default
+
+
 def guard(batch_node: str, say=print) -> int:
-    """Wait (as long as the job lives) for the batch node to be down, then requeue the job."""
+    """Wait (as long as the job lives) for the batch node to be lost, then requeue the job. One
+    sinfo call every GUARD_POLL_S; every second while the node does not answer."""
     from cluster.poll import wait_until
 
     job_id = os.environ["SLURM_JOB_ID"]
-    dead = lambda: batch_node in down_nodes([batch_node], DEAD_NODE_STATES)  # noqa: E731
-    wait_until(dead, math.inf, f"{batch_node} to fail", GUARD_POLL_S)
+    timeout = slurmd_timeout_s()
+    silent_since, next_poll = None, 0.0
+
+    def lost() -> bool:
+        nonlocal silent_since, next_poll
+        now = time.monotonic()
+        if now < next_poll:
+            return False
+        out = subprocess.run(["sinfo", "-h", "-N", "-n", batch_node, "-o", "%t"], capture_output=True, text=True)
+        state = out.stdout.strip()
+        silent_since = (silent_since or now) if state.endswith("*") else None
+        next_poll = now + (1.0 if silent_since else GUARD_POLL_S)
+        return batch_node_lost(state, now - silent_since if silent_since else 0.0, timeout)
+
+    wait_until(lost, math.inf, f"{batch_node} to fail", 1.0)
     say(f"the batch node {batch_node} is down: requeueing job {job_id} (the allocation cannot go on)")
     return subprocess.run(["scontrol", "requeue", job_id]).returncode
 

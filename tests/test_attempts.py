@@ -9,6 +9,7 @@ from cluster.attempts import (
     BAD_NODE_STATES,
     DEAD_NODE_STATES,
     Decision,
+    batch_node_lost,
     decide,
     format_attempts,
     nodes_in,
@@ -130,3 +131,12 @@ def test_a_node_not_responding_for_a_moment_is_neither_down_nor_dead():
     """sinfo's trailing * (no answer yet) marks no node; SLURM says down after SlurmdTimeout."""
     assert nodes_in(SINFO, BAD_NODE_STATES) == {"n3", "n4", "n6", "n7"}  # left out of restarts
     assert nodes_in(SINFO, DEAD_NODE_STATES) == {"n3", "n6"}  # the guard requeues for these only
+
+
+@pytest.mark.parametrize(
+    "state, silent_s, lost",
+    [("mix", 0, False), ("mix*", 2, False), ("alloc*", 4.9, False), ("alloc*", 5, True), ("down*", 0, True),
+     ("fail", 0, True), ("drain", 0, False), ("drng", 0, False)],
+)  # fmt: skip
+def test_the_guard_requeues_for_a_batch_node_down_or_silent_for_half_of_slurmd_timeout(state, silent_s, lost):
+    assert batch_node_lost(state, silent_s, slurmd_timeout_s=10) == lost

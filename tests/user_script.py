@@ -52,9 +52,10 @@ def main() -> None:
             time.sleep(args.step_s)  # the step's work: longer than the scheduler's KillWait
         if step % 10 == 0 or args.step_s:
             print(f"rank {rank}: step {step}", flush=True)
-        flag = torch.tensor([1.0 if got else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        if flag.item():
+        stop = bool(args.stop_file) and os.path.exists(args.stop_file)
+        flags = torch.tensor([1.0 if got else 0.0, 1.0 if stop else 0.0])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every rank stops at the same step, for either
+        if flags[0].item():
             if rank == 0:
                 torch.save({"model": model.module.state_dict(), "step": step}, args.ckpt + ".tmp")
                 os.replace(args.ckpt + ".tmp", args.ckpt)
@@ -64,7 +65,7 @@ def main() -> None:
                 subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
                 print("rank 0: requeued", flush=True)
             break
-        if args.stop_file and os.path.exists(args.stop_file):
+        if flags[1].item():
             print(f"rank {rank}: stop file seen at step {step}", flush=True)
             break
     dist.destroy_process_group()
