@@ -117,15 +117,24 @@ def decide(
     return Decision("restart", "restarting", tuple(n for n in allocation if n in chosen), tuple(bad))
 
 
+def node_states(sinfo: str) -> dict[str, str]:
+    """Each node's short state in ``sinfo -o '%N %t'`` output (pure)."""
+    return dict(line.split() for line in sinfo.splitlines() if len(line.split()) == 2)
+
+
 def nodes_in(sinfo: str, states: tuple[str, ...]) -> set[str]:
     """The nodes of ``sinfo -o '%N %t'`` output in one of ``states`` (pure)."""
-    pairs = (line.split() for line in sinfo.splitlines() if len(line.split()) == 2)
-    return {node for node, state in pairs if state.startswith(states)}
+    return {node for node, state in node_states(sinfo).items() if state.startswith(states)}
 
 
-def down_nodes(nodes: list[str], states: tuple[str, ...] = BAD_NODE_STATES) -> set[str]:
-    out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], capture_output=True, text=True)
-    return nodes_in(out.stdout, states)
+def sinfo(nodes: list[str]) -> str:
+    return subprocess.run(
+        ["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N %t"], capture_output=True, text=True
+    ).stdout
+
+
+def down_nodes(nodes: list[str]) -> set[str]:
+    return nodes_in(sinfo(nodes), BAD_NODE_STATES)
 
 
 def allocation_nodes() -> list[str]:
@@ -304,8 +313,7 @@ def guard(batch_node: str, say=print) -> int:
         now = time.monotonic()
         if now < next_poll:
             return False
-        out = subprocess.run(["sinfo", "-h", "-N", "-n", batch_node, "-o", "%t"], capture_output=True, text=True)
-        state = out.stdout.strip()
+        state = node_states(sinfo([batch_node])).get(batch_node, "")
         silent_since = (silent_since or now) if state.endswith("*") else None
         next_poll = now + (1.0 if silent_since else GUARD_POLL_S)
         return batch_node_lost(state, now - silent_since if silent_since else 0.0, timeout)

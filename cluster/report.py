@@ -190,10 +190,15 @@ def first_step_time(job_dir: Path, timeout: float = 180) -> float:
     raise TimeoutError(f"no first step in {job_dir}")
 
 
+def peak_flops(device: str, dtype: str) -> float | None:
+    """The device's dense peak for ``dtype`` (PEAK_FLOPS), None for a GPU it does not know."""
+    return next((v[dtype] for k, v in PEAK_FLOPS.items() if k in device), None)
+
+
 def mfu_rows(runs: list[dict], flops_per_sample: float, device: str, dtype: str) -> list[dict]:
     """Each benchmark row with its TFLOP/s and model FLOPs utilisation (None for a GPU that
     PEAK_FLOPS does not know). Pure: checked on the CPU."""
-    peak = next((v[dtype] for k, v in PEAK_FLOPS.items() if k in device), None)
+    peak = peak_flops(device, dtype)
     rows = [{**r, "tflops": r["samples_per_s"] * flops_per_sample / 1e12} for r in runs]
     for r in rows:
         r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
@@ -214,7 +219,7 @@ def gpu_mfu(rounds: int) -> dict | None:
     out = bench_json("--strategies", "single,minimal", "--rounds", str(rounds), *overrides)
     name = torch.cuda.get_device_name(0)
     dtype = "bf16" if spec.train.precision == "bf16" else "fp32"
-    peak = next((v[dtype] for k, v in PEAK_FLOPS.items() if k in name), None)
+    peak = peak_flops(name, dtype)
     rows = mfu_rows(out["runs"], flops_per_sample(spec.model), name, dtype)
     return {"device": name, "dtype": dtype, "peak_tflops": peak / 1e12 if peak else None, "runs": rows}
 

@@ -28,6 +28,7 @@ from train.config import (
     StrictStr,
     TrainConfig,
     require_positive,
+    require_signal,
     to_dict,
 )
 from train.protocol import parse_time_limit_signal
@@ -299,10 +300,7 @@ class JobSpec:
                 raise ConfigError(f"sbatch_extra[{i}]", f"{opt!r} must be one --option[=value] without spaces")
         parse_time_minutes(self.time)
         if self.signal:
-            try:
-                parse_time_limit_signal(self.signal)
-            except ValueError as exc:
-                raise ConfigError("signal", f"{self.signal!r}: {exc}") from None
+            require_signal("signal", self.signal)
         require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
         if self.cluster == "docker" and not self.container.image:
             raise ConfigError(
@@ -361,13 +359,14 @@ def unhandled_signal_note(spec: JobSpec) -> str:
     time limit, without a checkpoint). Read, not imported; a program it cannot read gets none."""
     if not (spec.rank_signal and spec.program and spec.program.kind in ("script", "module")):
         return ""
+    if spec.program.kind == "script":
+        source = Path(spec.program.script)
+    else:
+        origin = _find_module("program.module", spec.program.module).origin
+        source = Path(origin) if origin else None
     try:
-        source = Path(spec.program.script) if spec.program.kind == "script" else None
-        if source is None:
-            origin = importlib.util.find_spec(spec.program.module)
-            source = Path(origin.origin) if origin and origin.origin else None
         text = source.read_text() if source and source.suffix == ".py" else None
-    except (ImportError, ValueError, OSError):
+    except OSError:
         return ""
     name = spec.rank_signal
     if text is None or re.search(rf"\b(SIG)?{name}\b", text):

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from train.protocol import parse_time_limit_signal
+from train.protocol import PREEMPT_SIGNAL, parse_time_limit_signal
 
 T = TypeVar("T")
 # A str that must be given as a string: a list of program arguments like ["--epochs", 3]
@@ -38,6 +38,14 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------- sections
+
+
+def require_signal(key: str, text: str) -> None:
+    """A time-limit signal as sbatch's ``--signal`` takes it (``[B:]USR1@120``), or exit 2 naming ``key``."""
+    try:
+        parse_time_limit_signal(text)
+    except ValueError as exc:
+        raise ConfigError(key, f"{text!r}: {exc}") from None
 
 
 def require_positive(obj: Any, prefix: str, *names: str, minimum: float = 1) -> None:
@@ -111,7 +119,7 @@ class TrainConfig:
     # The signal a scheduler sends ahead of a time limit or preemption (a job spec's `signal`):
     # the ranks agree on it, save a checkpoint and stop; rank 0 then asks SLURM to requeue
     # the job when ``requeue`` is set. The next run in the same run_dir resumes from it.
-    preempt_signal: str = "USR1"
+    preempt_signal: str = PREEMPT_SIGNAL.name.removeprefix("SIG")
     requeue: bool = False
     # Stall watchdog: a rank that completes no step for this long writes every thread's
     # stack to its log and exits 1, so the job ends long before the collective timeout.
@@ -155,10 +163,7 @@ class TrainConfig:
             "fault_attempt",
             minimum=0,
         )
-        try:
-            parse_time_limit_signal(self.preempt_signal)
-        except ValueError as exc:
-            raise ConfigError(f"{prefix}.preempt_signal", f"{self.preempt_signal!r}: {exc}") from None
+        require_signal(f"{prefix}.preempt_signal", self.preempt_signal)
         if self.timeout_s <= 0:
             raise ConfigError(f"{prefix}.timeout_s", f"must be > 0, got {self.timeout_s!r}")
 

@@ -26,6 +26,8 @@ from train.parallel.registry import STRATEGIES
 from train.preempt import PreemptFlag
 from train.protocol import CHECKPOINTS, RecordWriter
 
+NON_FINITE_HINT = "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
+
 
 def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
     precision = cfg.train.precision
@@ -199,7 +201,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 f"the latest checkpoint stays {last.name if last else 'none'}"
             )
             if t.stop_on_nonfinite:
-                raise NonFiniteLoss(message + "; lower optim.lr, or set train.stop_on_nonfinite=false to train on")
+                raise NonFiniteLoss(f"{message}; {NON_FINITE_HINT}")
             say(message)
             return
         checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
@@ -294,10 +296,7 @@ def check_finite(record: dict, rank: int, finite: tuple[int, float] | None) -> t
         return (step, loss) if loss is not None else finite
     before = f"last finite loss {finite[1]:.6g} at step {finite[0]}" if finite else "no finite loss logged before"
     if mine is not None and not math.isfinite(mine):
-        raise NonFiniteLoss(
-            f"training loss is {mine} at step {step} on rank {rank} ({before}); "
-            "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
-        )
+        raise NonFiniteLoss(f"training loss is {mine} at step {step} on rank {rank} ({before}); {NON_FINITE_HINT}")
     raise NonFiniteLoss(f"stopping at step {step}: the loss is non-finite on another rank ({before})")
 
 

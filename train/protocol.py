@@ -31,7 +31,9 @@ from typing import Any
 
 # ----------------------------------------------------------------------------- signals
 DUMP_SIGNAL = signal.SIGURG  # ignored by default: a snapshot before a rank is ready cannot kill it
-PREEMPT_SIGNAL = signal.SIGUSR1  # the job spec's `signal: USR1@120` (USR2 is left to libraries such as submitit)
+# The time-limit signal when the job spec names none (train.preempt_signal's default); a spec's
+# `signal: USR2@120` replaces it. USR2 is left to libraries such as submitit.
+PREEMPT_SIGNAL = signal.SIGUSR1
 # Signals that cannot be caught: asking for one ahead of a time limit would only kill the job.
 UNCATCHABLE = {"KILL", "STOP"}
 
