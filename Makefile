@@ -42,14 +42,14 @@ test-fast: $(VENV)/.installed  ## unit and golden tests only
 
 gpu-check: $(VENV)/.installed  ## on a CUDA machine: the gpu tier and the GPU benchmark (MFU), under 10 minutes on one GPU
 	$(PY) -m pytest -m gpu -rs -p no:cacheprovider
-	$(PY) -m cluster.report --gpu-only --rounds 1
+	$(PY) -m bench.report --gpu-only --rounds 1
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 bench: $(VENV)/.installed  ## every benchmark in one run -> docs/benchmarks.md and docs/*.png (make minicluster first for SLURM)
-	$(PY) -m cluster.report
+	$(PY) -m bench.report
 
 IMAGE ?= torch-cluster-kit:latest
 build:  ## the image, with docker when an engine answers, else podman (same arguments)

@@ -7,7 +7,6 @@ nothing is submitted before the spec and its plan are valid.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -15,9 +14,23 @@ import shlex
 import sys
 from pathlib import Path
 
-from cluster.spec import JobSpec
+from cluster import backends
+from cluster.attempt_history import restarts_used, summary
+from cluster.backends import JobRef, NeverStarts
+from cluster.jobdir import JobDir, job_root
+from cluster.logs.follow import follow
+from cluster.logs.plot import plot_step_times
+from cluster.logs.text import format_report, tail
+from cluster.logs.triage import inspect, job_is_running
+from cluster.plan import fewer_nodes, format_plan, make_plan
+from cluster.poll import WaitTimeout, wait_until
+from cluster.render import render
+from cluster.request import make_request
+from cluster.snapshot import snapshot
+from cluster.spec import JobSpec, check_program_sections, unhandled_signal_note
+from cluster.submit import node_python, submission, submit
 from train.config import ConfigError, apply_overrides, help_text, load, read_yaml
-from train.protocol import DETERMINISTIC_EXIT
+from train.protocol import DETERMINISTIC_EXIT, never_joined
 
 EXAMPLES = """examples:
   python -m cluster plan jobs/multi_node.yaml nodes=4 --json
@@ -30,9 +43,6 @@ EXAMPLES = """examples:
 
 
 def load_spec(path: str, overrides: list[str]):
-    from cluster.plan import make_plan
-    from cluster.spec import check_program_sections, unhandled_signal_note
-
     spec = load(JobSpec, path, overrides)
     separate = [apply_overrides({}, [text]) for text in overrides]
     check_program_sections(read_yaml(path), separate, path, lambda text: print(text, file=sys.stderr))
@@ -41,33 +51,20 @@ def load_spec(path: str, overrides: list[str]):
     return spec, make_plan(spec)
 
 
-def node_python(spec: JobSpec) -> str:
-    if spec.python:
-        return spec.python
-    in_image = spec.container.runtime != "none" or spec.cluster == "docker"
-    return "python" if in_image else sys.executable
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
-def find_job_dir(job: str, log_dir: str) -> Path:
-    path = Path(job)
-    if path.is_dir():
-        return path
-    matches = sorted(Path(log_dir).glob(f"*/{job}"))
-    if not matches:
-        raise ConfigError(job, f"no job directory {job!r} (looked for {log_dir}/*/{job}; pass a path or --log-dir)")
-    return matches[-1]
+def steps_json(steps) -> list[dict]:
+    return [{"name": s.name, "tasks_per_node": s.tasks_per_node, "command": list(s.command)} for s in steps]
 
 
 def cmd_plan(args) -> int:
-    from cluster.plan import fewer_nodes, format_plan
-    from cluster.request import make_request
-
     spec, plan = load_spec(args.job, args.overrides)
     steps = make_request(spec, plan, node_python(spec)).steps
     smaller, why_not = fewer_nodes(spec)
     if args.json:
-        commands = [{"name": s.name, "tasks_per_node": s.tasks_per_node, "command": list(s.command)} for s in steps]
-        print(json.dumps({**plan.to_json(), "steps": commands, "resumes_on_fewer_nodes": smaller}, indent=1))
+        print(json.dumps({**plan.to_json(), "steps": steps_json(steps), "resumes_on_fewer_nodes": smaller}, indent=1))
         return 0
     print(format_plan(plan))
     if smaller:
@@ -85,15 +82,10 @@ def cmd_plan(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from cluster import paths
-    from cluster.render import render
-    from cluster.request import make_request
-
     spec, plan = load_spec(args.job, args.overrides)
-    python = node_python(spec)
-    text = render(spec, plan, make_request(spec, plan, python), source=args.job)
+    text = render(spec, plan, make_request(spec, plan, node_python(spec)), source=args.job)
     # SLURM does not create the directory of --output: without it the job dies at launch.
-    batch_log_dir = paths.batch_output(spec.log_dir, spec.name).parent
+    batch_log_dir = job_root(spec.log_dir, spec.name)
     if not batch_log_dir.is_dir():
         batch_log_dir.mkdir(parents=True)
         print(f"created {batch_log_dir}/ for the batch log (sbatch does not create it)", file=sys.stderr)
@@ -106,69 +98,40 @@ def cmd_render(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from cluster.plan import format_plan
-    from cluster.render import render
-    from cluster.request import make_request
-
     spec, plan = load_spec(args.job, args.overrides)
-    python = node_python(spec)
     if args.dry_run:
-        request = make_request(spec, plan, python)
-        script = render(spec, plan, request, source=args.job)
-        steps = [
-            {"name": s.name, "tasks_per_node": s.tasks_per_node, "command": list(s.command)} for s in request.steps
-        ]
+        job = submission(spec, plan, source=args.job)
         if args.json:
-            print(json.dumps({"plan": plan.to_json(), "script": script, "steps": steps}, indent=1))
+            print(
+                json.dumps(
+                    {"plan": plan.to_json(), "script": job.script, "steps": steps_json(job.request.steps)}, indent=1
+                )
+            )
             return 0
         print(format_plan(plan))
-        if spec.cluster == "docker":
-            from cluster.containers import describe
-
-            print("\n# --- what cluster=docker would create through the Docker SDK (nothing was started) ---")
-            print("# $JOB_DIR is runs/<name>/<job id>; the job id is the pid of the controller on this machine")
-            print("\n".join(describe(spec, plan, request, python)))
-            print("# --- what each node's launcher runs for its tasks ---")
-            for step in request.steps:
-                print(f"# step {step.name}: {step.tasks_per_node} task(s) per node")
-                print(shlex.join(step.command))
-            print("\n# --- the equivalent sbatch script ---")
-        elif spec.cluster == "local":
-            print("\n# --- what the local launcher would run (nothing was submitted) ---")
-            for step in request.steps:
-                print(f"# step {step.name}: {step.tasks_per_node} task(s); $JOB_DIR is runs/<name>/<job id>")
-                print(shlex.join(step.command))
-            print("\n# --- the equivalent sbatch script ---")
-        else:
-            print("\n# --- the script sbatch would receive (nothing was submitted) ---")
-        print(script, end="")
+        print()
+        print(backends.get(spec.cluster).dry_run(job), end="")
         return 0
-    from cluster.submit import submit
-
-    done = submit(spec, plan, python, source=args.job)
+    done = submit(spec, plan, source=args.job)
     if args.json:
-        print(json.dumps({"job_id": done.job_id, "log_dir": str(done.log_dir)}))
+        print(json.dumps({"job_id": done.job_id, "log_dir": str(done.job_dir)}))
     else:
         print(f"submitted job {done.job_id}: {plan.world_size} rank(s) on {spec.cluster}")
-        print(f"logs: {done.log_dir}")
-        print(f"inspect: python -m cluster logs {done.log_dir}")
+        print(f"logs: {done.job_dir}")
+        print(f"inspect: python -m cluster logs {done.job_dir}")
     if not args.wait:
         return 0
-    from cluster.logs import follow, format_report, inspect
-    from cluster.poll import wait_until
-    from cluster.submit import NeverStarts
-
-    ended = done.done_saying_why_pending(lambda text: print(text, file=sys.stderr, flush=True))
+    ended = done.done_saying_why_pending(say)
     try:
         if args.json:  # no limit: the job has its own time limit, and a person can interrupt
             wait_until(ended, math.inf, f"job {done.job_id} to end", interval=1.0)
         else:
             print("waiting for the job to end; rank 0's output:", flush=True)
-            follow(done.log_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
+            follow(done.job_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
     except NeverStarts as exc:
-        print(f"error: {exc}; cancel it: python -m cluster cancel {done.log_dir}", file=sys.stderr)
+        print(f"error: {exc}; cancel it: python -m cluster cancel {done.job_dir}", file=sys.stderr)
         return 1
-    report = inspect(done.log_dir, running=False)
+    report = inspect(done.job_dir, running=False)
     if not args.json:
         print(format_report(report))
     if report.attempts and report.attempts[-1]["verdict"] == "deterministic":
@@ -177,56 +140,39 @@ def cmd_submit(args) -> int:
 
 
 def cmd_preflight(args) -> int:
-    import re
-
-    from cluster import paths
-    from cluster.poll import WaitTimeout, wait_until
-    from cluster.submit import NeverStarts, cancel, submit
-
     spec, plan = load_spec(args.job, args.overrides)
-    done = submit(spec, plan, node_python(spec), source=args.job, preflight_only=True)
-    print(f"preflight job {done.job_id}: {plan.world_size} rank(s); logs: {done.log_dir}", flush=True)
-    say = lambda text: print(text, file=sys.stderr, flush=True)
+    done = submit(spec, plan, source=args.job, preflight_only=True)
+    print(f"preflight job {done.job_id}: {plan.world_size} rank(s); logs: {done.job_dir}", flush=True)
     try:
         wait_until(done.done_saying_why_pending(say), args.timeout, f"preflight job {done.job_id} to end", 1.0)
     except (WaitTimeout, NeverStarts) as exc:
         print(f"preflight FAILED: {exc}; cancelling job {done.job_id}")
-        cancel(spec.cluster, done.job_id, done.log_dir, 10.0, say)
+        done.backend.cancel(done.job_dir, 10.0, say)
         return 1
-    rank0 = paths.preflight_log(done.log_dir, 0)
+    rank0 = done.job_dir.preflight_log(0)
     text = rank0.read_text() if rank0.exists() else ""
     print(text, end="")
-    missing = re.search(r"rank\(s\) \[([\d, ]+)\] never joined", text)
-    if missing:
-        for rank in map(int, missing.group(1).split(",")):
-            slot = plan.ranks[rank]
-            print(f"  rank {rank} -> node {slot.node} ({slot.host}), local rank {slot.local_rank}")
+    for rank in never_joined(text):
+        slot = plan.ranks[rank]
+        print(f"  rank {rank} -> node {slot.node} ({slot.host}), local rank {slot.local_rank}")
     if "preflight OK" not in text:
-        print(f"preflight FAILED (see {done.log_dir}/preflight_*.log)")
+        print(f"preflight FAILED (see {done.job_dir}/preflight_*.log)")
         return 1
     return 0
 
 
 def cmd_status(args) -> int:
-    from cluster import submit
-
-    job_dir = find_job_dir(args.job, args.log_dir)
-    plan = json.loads((job_dir / "plan.json").read_text())
-    if plan["cluster"] != "slurm":
-        state, reason = submit.local_state(job_dir.name, job_dir, plan["cluster"]), None
-    else:
-        fields = submit.slurm_job(job_dir.name)
-        state, reason = fields.get("JobState"), submit.pending_reason(fields)
-    status = {"job_id": job_dir.name, "state": state, "reason": reason, "log_dir": str(job_dir)}
+    job = JobRef.of(JobDir.find(args.job, args.log_dir))
+    state = job.state()
+    status = {"job_id": job.job_id, "state": state.name, "reason": state.reason, "log_dir": str(job.job_dir)}
+    plan = job.job_dir.plan()
     if plan.get("restarts"):
-        from cluster.attempts import restarts_used, summary
-
-        used = restarts_used(summary(job_dir))
+        used = restarts_used(summary(job.job_dir))
         status["restarts"] = {"allowed": plan["restarts"], "used": used, "left": plan["restarts"] - used}
     if args.json:
         print(json.dumps(status))
     else:
-        print(f"{state}: {reason}" if reason else state)
+        print(f"{state.name}: {state.reason}" if state.reason else state.name)
         if "restarts" in status:
             r = status["restarts"]
             print(f"restarts: {r['used']} used, {r['left']} left (of {r['allowed']})")
@@ -234,94 +180,44 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from cluster import submit
-
-    job_dir = find_job_dir(args.job, args.log_dir)
-    plan = json.loads((job_dir / "plan.json").read_text())
-    say = lambda text: print(text, file=sys.stderr, flush=True)
-    submit.cancel(plan["cluster"], job_dir.name, job_dir, args.grace, say)
-    print(f"cancelled {job_dir.name}")
+    job = JobRef.of(JobDir.find(args.job, args.log_dir))
+    job.backend.cancel(job.job_dir, args.grace, say)
+    print(f"cancelled {job.job_id}")
     return 0
 
 
 def cmd_logs(args) -> int:
-    from cluster import logs
-
-    job_dir = find_job_dir(args.job, args.log_dir)
+    job_dir = JobDir.find(args.job, args.log_dir)
     if args.follow:
-        plan = json.loads((job_dir / "plan.json").read_text()) if (job_dir / "plan.json").exists() else None
-        world = logs.discover_ranks(job_dir, plan)
         try:
-            logs.follow(job_dir, list(range(world)), stop=lambda: logs.job_is_running(job_dir, plan) is not True)
+            follow(job_dir, list(range(job_dir.world_size())), stop=lambda: job_is_running(job_dir) is not True)
         except KeyboardInterrupt:
             return 0
-    report = logs.inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin)
+    report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin)
     if args.rank is not None:
-        files = logs.rank_logs(job_dir, args.rank)
+        files = job_dir.rank_logs(args.rank)
         if not files:
             raise ConfigError("--rank", f"no log for rank {args.rank} in {job_dir}")
         for path in files:
             print(f"==> {path} <==")
-            sys.stdout.write("".join(logs.tail(path, args.tail)))
+            sys.stdout.write("".join(tail(path, args.tail)))
     elif args.json:
         print(json.dumps(report.to_json(), indent=1))
     else:
-        print(logs.format_report(report))
+        print(format_report(report))
     if args.plot:
-        logs.plot_step_times(report, args.plot)
+        plot_step_times(report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if report.failed else 0
 
 
 def cmd_snapshot(args) -> int:
-    from cluster import logs, stacks, submit
-    from cluster.poll import WaitTimeout, wait_until
-    from train.protocol import DUMP_SIGNAL
-
-    job_dir = find_job_dir(args.job, args.log_dir)
-    plan = json.loads((job_dir / "plan.json").read_text())
-    report = logs.inspect(job_dir, running=True)
-    live = [r for r in report.ranks if r.state != "completed" and r.log]
-    if logs.job_is_running(job_dir, plan) is False or not live:
-        raise ConfigError(args.job, "the job is not running: use `python -m cluster logs` for its last stacks")
-    sizes = {r.rank: Path(r.log).stat().st_size for r in live}
-    pids_by_host: dict[str, list[int]] = {}
-    for r in live:
-        if r.pid:
-            pids_by_host.setdefault(r.host, []).append(r.pid)
-    submit.signal_ranks(plan["cluster"], job_dir, pids_by_host, DUMP_SIGNAL)
-    found: dict = {}
-
-    def every_stack(whole: bool = True) -> bool:
-        for r in live:
-            if r.rank not in found and (stack := stacks.last_stack(Path(r.log), since=sizes[r.rank])):
-                if stack.whole or not whole:
-                    found[r.rank] = stack
-        return len(found) == len(live)
-
-    with contextlib.suppress(WaitTimeout):  # the verdict names the ranks that did not answer
-        wait_until(every_stack, args.timeout, "every rank's stack")
-    every_stack(whole=False)  # a dump cut short (deeper than faulthandler writes): what there is
-    verdict = stacks.classify(found, {}, snapshot=True)
-    verdict["missing"] = sorted({r.rank for r in live} - set(found))
-    if args.native and submit.py_spy():
-        verdict["native"] = {r.rank: submit.native_stack(plan["cluster"], job_dir.name, r.host, r.pid) for r in live}
+    job = JobRef.of(JobDir.find(args.job, args.log_dir))
+    verdict = snapshot(job, args.timeout, args.native)
     if args.json:
-        print(json.dumps(verdict, indent=1))
+        print(json.dumps(verdict.to_json(), indent=1))
         return 0
-    print(f"snapshot of {len(found)}/{len(live)} running rank(s) of {job_dir} (stacks appended to their logs)")
-    print("where each rank is: " + stacks.describe_groups(verdict["groups"]))
-    if verdict["culprits"]:
-        print(f"stands out: rank(s) {stacks.compress(verdict['culprits'])} ({verdict['reason']})")
-        first = found[verdict["culprits"][0]]
-        for frame in first.frames[:12]:
-            print(f"  {frame.label()}")
-    if verdict["missing"]:
-        print(f"no stack within {args.timeout:g} s from rank(s) {stacks.compress(verdict['missing'])}")
-    for rank, text in verdict.get("native", {}).items():
-        print(f"--- rank {rank}, native (py-spy) ---\n{text}")
-    if args.native and not submit.py_spy():
-        print("--native: py-spy is not installed (pip install py-spy)")
+    print(verdict.text(args.timeout))
     return 0
 
 

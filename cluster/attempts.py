@@ -24,7 +24,6 @@ excluded and why, the step reached and the checkpoint the next attempt resumes f
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -32,15 +31,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from cluster import paths
+from cluster.attempt_history import append, history, restarts_used
+from cluster.jobdir import JobDir
+from cluster.logs.triage import inspect
+from cluster.poll import wait_until
 from train.protocol import (
     DETERMINISTIC_EXIT,
     latest_checkpoint_step,
     never_joined,
     never_joined_message,
-    read_records,
 )
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
@@ -144,33 +144,23 @@ def allocation_nodes() -> list[str]:
     return out.stdout.split()
 
 
-def history(job_dir: Path) -> list[dict]:
-    path = job_dir / paths.ATTEMPTS
-    return list(read_records(path)) if path.exists() else []
-
-
-def append(job_dir: Path, record: dict) -> None:
-    with (job_dir / paths.ATTEMPTS).open("a") as f:
-        f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
-
-
-def planned(job_dir: Path) -> dict:
+def planned(job_dir: JobDir) -> dict:
     """The plan as submitted (plan.json)."""
-    return json.loads((job_dir / paths.PLAN).read_text())
+    return job_dir.plan()
 
 
-def planned_nodes(job_dir: Path) -> tuple[int, int, int]:
+def planned_nodes(job_dir: JobDir) -> tuple[int, int, int]:
     """(nodes per attempt, restarts, min_nodes) as planned and submitted."""
     plan = planned(job_dir)
     return plan["nodes"], plan.get("restarts", 0), plan.get("min_nodes", plan["nodes"])
 
 
-def begin(job_dir: Path, number: int, nodes: tuple[str, ...] | list[str]) -> str:
+def begin(job_dir: JobDir, number: int, nodes: tuple[str, ...] | list[str]) -> str:
     append(job_dir, {"event": "start", "attempt": number, "nodes": list(nodes)})
     return f"{number} {len(nodes)} {','.join(nodes)}"
 
 
-def start(job_dir: Path, say=print) -> str:
+def start(job_dir: JobDir, say=print) -> str:
     """The first attempt of this allocation: after a requeue, the numbering goes on and the
     nodes excluded before stay out where this allocation has enough others. An attempt that
     has no end is one the allocation ended under (its batch node died, or the job was
@@ -185,7 +175,7 @@ def start(job_dir: Path, say=print) -> str:
         why = "the allocation ended under it (its batch node failed, or the job was requeued); SLURM requeued the job"
         append(job_dir, {
             "event": "end", "attempt": cut["attempt"], "nodes": cut["nodes"], "exit_code": None, **failure,
-            "checkpoint": latest_checkpoint_step(job_dir), "verdict": "requeued", "why": why, "excluded": excluded,
+            "checkpoint": latest_checkpoint_step(job_dir.path), "verdict": "requeued", "why": why, "excluded": excluded,
         })  # fmt: skip
         say(f"attempt {cut['attempt']} on {','.join(cut['nodes'])}: {why}")
         records = history(job_dir)
@@ -197,15 +187,13 @@ def start(job_dir: Path, say=print) -> str:
     return begin(job_dir, sum(r["event"] == "start" for r in records), usable[:count])
 
 
-def the_failure(job_dir: Path, attempt: dict) -> dict:
+def the_failure(job_dir: JobDir, attempt: dict) -> dict:
     """The first failure of an attempt (its start record), as ``cluster logs`` names it, with
     its node's name; or the ranks that never joined its preflight, and their nodes. Where no
     rank wrote anything after the attempt began, none started (srun refused the step) and the
     logs tell of an earlier attempt, not of this one."""
-    from cluster.logs import inspect
-
     nodes, since = attempt["nodes"], attempt["time"]
-    preflight = paths.preflight_log(job_dir, 0, attempt["attempt"])
+    preflight = job_dir.preflight_log(0, attempt["attempt"])
     missing = never_joined(preflight.read_text(errors="replace")) if preflight.exists() else []
     if missing:
         per_node = planned(job_dir)["tasks_per_node"]
@@ -239,16 +227,15 @@ def the_failure(job_dir: Path, attempt: dict) -> dict:
     }
 
 
-def attempt_records(job_dir: Path, world: int, since: float) -> dict[int, list[dict]]:
+def attempt_records(job_dir: JobDir, world: int, since: float) -> dict[int, list[dict]]:
     """Each rank's records written since the attempt began."""
     out = {}
     for rank in range(world):
-        path = paths.rank_records(job_dir, rank)
-        out[rank] = [r for r in read_records(path) if r.get("time", 0) >= since] if path.exists() else []
+        out[rank] = [r for r in job_dir.records(rank) if r.get("time", 0) >= since]
     return out
 
 
-def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
+def next_attempt(job_dir: JobDir, exit_code: int, say=print) -> tuple[int, str]:
     """(exit code, output): 0 and the next attempt's number and nodes, or the job's exit code."""
     records = history(job_dir)
     starts = [r for r in records if r["event"] == "start"]
@@ -259,7 +246,7 @@ def next_attempt(job_dir: Path, exit_code: int, say=print) -> tuple[int, str]:
     failure = the_failure(job_dir, current)
     down = down_nodes(allocation)
     decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down, min_nodes)
-    checkpoint = latest_checkpoint_step(job_dir)
+    checkpoint = latest_checkpoint_step(job_dir.path)
     append(job_dir, {
         "event": "end", "attempt": current["attempt"], "nodes": current["nodes"], "exit_code": exit_code,
         **failure, "checkpoint": checkpoint, "verdict": decision.verdict, "why": decision.why,
@@ -302,8 +289,6 @@ def slurmd_timeout_s() -> float:
 def guard(batch_node: str, say=print) -> int:
     """Wait (as long as the job lives) for the batch node to be lost, then requeue the job. One
     sinfo call every GUARD_POLL_S; every second while the node does not answer."""
-    from cluster.poll import wait_until
-
     job_id = os.environ["SLURM_JOB_ID"]
     timeout = slurmd_timeout_s()
     silent_since, next_poll = None, 0.0
@@ -323,69 +308,10 @@ def guard(batch_node: str, say=print) -> int:
     return subprocess.run(["scontrol", "requeue", job_id]).returncode
 
 
-def summary(job_dir: Path) -> list[dict]:
-    """Each attempt of a job that restarts itself (empty otherwise): its nodes and, once it
-    failed, its end record with ``recomputed_steps`` (steps done after the checkpoint the next
-    attempt resumes from) and ``recovery_s`` (from the failure to the next attempt's first
-    step on rank 0)."""
-    attempts: list[dict] = []
-    for r in history(job_dir):
-        if r["event"] == "start":
-            attempts.append({"attempt": r["attempt"], "nodes": r["nodes"], "started": r["time"], "verdict": None})
-        elif attempts and r["event"] == "end" and attempts[-1]["attempt"] == r["attempt"]:
-            attempts[-1].update({k: v for k, v in r.items() if k not in ("event", "attempt", "nodes", "time")})
-    if not attempts:
-        return []
-    records = paths.rank_records(job_dir, 0)
-    firsts = [r["time"] for r in read_records(records) if r["event"] == "first_step"] if records.exists() else []
-    for this, following in zip(attempts, attempts[1:]):
-        first = next((t for t in firsts if t > following["started"]), None)
-        if this.get("failed_at") and first:
-            this["recovery_s"] = round(first - this["failed_at"], 1)
-        # The kit knows the built-in trainer's checkpoints only; a program resumes from its own.
-        if this.get("step") is not None and this.get("checkpoint") is not None:
-            this["recomputed_steps"] = this["step"] - this["checkpoint"]
-    return attempts
-
-
-def restarts_used(attempts: list[dict]) -> int:
-    """The restarts the kit made; a requeue (the batch node lost) is SLURM's, not one of them."""
-    return sum(a.get("verdict") == "restart" for a in attempts)
-
-
-def format_attempts(attempts: list[dict], restarts: int, last: str = "the last one") -> list[str]:
-    """``last``: what became of the attempt that has no end record (completed, running)."""
-    used = restarts_used(attempts)
-    lines = [f"ATTEMPTS: {len(attempts)} ({used} of {restarts} restart(s) used)"]
-    for a in attempts:
-        line = f"  attempt {a['attempt']} on {','.join(a['nodes'])}: "
-        if a["verdict"] is None:
-            lines.append(line + f"{last} (its ranks are above)")
-            continue
-        culprit = f"rank {a['rank']} on {a['node']}" if a.get("rank") is not None else "no rank named"
-        at = f"at step {a['step']}" if a.get("step") is not None else "before its first step"
-        line += f"failed {at} ({culprit}): {(a.get('error') or '')[:100]}"
-        lines.append(line)
-        for node, why in a.get("excluded", []):
-            lines.append(f"    excluded {node}: {why[:100]}")
-        then = {
-            "restart": "restarted",
-            "requeued": "requeued by SLURM",
-            "deterministic": "deterministic failure: not restarted",
-        }.get(a["verdict"], "not restarted")
-        extra = []
-        if a.get("recomputed_steps") is not None:
-            extra.append(f"{a['recomputed_steps']} step(s) recomputed since checkpoint {a['checkpoint']}")
-        if a.get("recovery_s") is not None:
-            extra.append(f"{a['recovery_s']:g} s from the failure to the next first step")
-        lines.append(f"    {then}: {a.get('why', '')}" + (f"; {'; '.join(extra)}" if extra else ""))
-    return lines
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cluster.attempts", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["start", "next", "guard"])
-    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("job_dir", type=JobDir)
     parser.add_argument("--exit-code", type=int, default=1, help="next: the exit code of the attempt that ended")
     parser.add_argument("--batch-node", help="guard: the node that runs the batch script")
     args = parser.parse_args(argv)

@@ -3,7 +3,7 @@
 Each step of the request (preflight, train) runs as one container per node of the plan, from
 ``container.image``, like srun's steps on an allocation. The containers share a network of the
 job's own on which each is reachable by its node's name (``node0`` is the rendezvous, as the
-first node of an allocation is). Inside, the kit's node launcher (``python -m cluster.local
+first node of an allocation is). Inside, the kit's node launcher (``python -m cluster.launcher
 --node N --step NAME JOB_DIR``) starts that node's tasks as the local launcher does, from the
 same launch file. The working directory and the job directory are mounted at the same paths
 and written with the submitting user's uid, so logs, records and ``plan.json`` are where
@@ -14,20 +14,24 @@ container nor the network outlives the job.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cluster import paths
-from cluster.local import KILL_WAIT_S, Controller
-from cluster.plan import Plan
+from docker.types import DeviceRequest
+
+import docker  # the Docker SDK (a dependency): ~0.1 s to import
+from cluster.controller import KILL_WAIT_S, Controller
+from cluster.jobdir import JobDir
 from cluster.poll import WaitTimeout, wait_until
-from cluster.request import Request
-from cluster.spec import JobSpec
 from train.config import ConfigError
+
+if TYPE_CHECKING:  # types only: the docker backend, below the spec, is handed these as data
+    from cluster.plan import Plan
+    from cluster.request import Request
 
 LABEL = "torch-cluster-kit.job-dir"  # on a job's containers and network: the job they belong to
 NODE_LABEL = "torch-cluster-kit.node"  # on a container: the plan's host name of its node
@@ -42,8 +46,6 @@ ENGINE_HELP = (
 def engine():
     """A client of the Docker engine (DOCKER_HOST, else the default socket) that answers; bad
     input (exit 2, saying how to start one) where none does."""
-    import docker
-
     try:
         client = docker.from_env()
         client.ping()
@@ -64,54 +66,51 @@ def host_gpus() -> int:
     return sum(line.startswith("GPU ") for line in done.stdout.splitlines()) if done.returncode == 0 else 0
 
 
-def node_gpus(spec: JobSpec, node: int) -> list[str]:
+def node_gpus(gpus_per_node: int, node: int) -> list[str]:
     """The host's GPUs the plan's node ``node`` gets: the nodes share this machine, so node n
     takes GPUs n*G .. n*G+G-1 (G = gpus_per_node); inside, they are the node's 0 .. G-1, as
     the plan's CUDA_VISIBLE_DEVICES numbers them."""
-    g = spec.gpus_per_node
-    return [str(node * g + i) for i in range(g)]
+    return [str(node * gpus_per_node + i) for i in range(gpus_per_node)]
 
 
-def check(spec: JobSpec, plan: Plan, gpus_here: int) -> None:
+def check(request: Request, plan: Plan, gpus_here: int) -> None:
     """Everything the engine would find wrong only at start, found before anything starts."""
-    import docker
-
-    wanted = plan.nodes * spec.gpus_per_node
+    wanted = plan.nodes * request.gpus_per_node
     if wanted > gpus_here:
         raise ConfigError(
             "gpus_per_node",
-            f"the plan gives {plan.nodes} node container(s) x {spec.gpus_per_node} GPU(s) = {wanted} GPU(s), "
+            f"the plan gives {plan.nodes} node container(s) x {request.gpus_per_node} GPU(s) = {wanted} GPU(s), "
             f"this machine has {gpus_here} (nvidia-smi -L); use gpus_per_node=0 to train on CPU with gloo",
         )
     client = engine()
     try:
-        client.images.get(spec.container.image)
+        client.images.get(request.image)
     except docker.errors.ImageNotFound:
         raise ConfigError(
             "container.image",
-            f"no image {spec.container.image!r} in the engine: build the kit's image with "
-            f"`make build IMAGE={spec.container.image}` (or docker pull it)",
+            f"no image {request.image!r} in the engine: build the kit's image with "
+            f"`make build IMAGE={request.image}` (or docker pull it)",
         ) from None
 
 
-def network_name(spec: JobSpec, job_id: str) -> str:
-    return f"{spec.name}-{job_id}"
+def network_name(request: Request, job_id: str) -> str:
+    return f"{request.name}-{job_id}"
 
 
-def mounts(spec: JobSpec, job_dir: Path, cwd: str) -> dict[str, dict]:
+def mounts(request: Request, job_dir: Path, cwd: str) -> dict[str, dict]:
     """Bind mounts at the same paths as here: the working directory (the user's program and
     relative paths) and the job directory, then the spec's ``container.mounts``."""
     volumes = {cwd: {"bind": cwd, "mode": "rw"}}
     if not job_dir.resolve().is_relative_to(Path(cwd).resolve()):
         volumes[str(job_dir)] = {"bind": str(job_dir), "mode": "rw"}
-    for mount in spec.container.mounts:
+    for mount in request.mounts:
         source, _, rest = mount.partition(":")
         target, _, mode = rest.partition(":")
         volumes[source] = {"bind": target or source, "mode": mode or "rw"}
     return volumes
 
 
-def container_configs(spec: JobSpec, plan: Plan, job_dir: Path, job_id: str, python: str, cwd: str, user: str):
+def container_configs(request: Request, plan: Plan, job_dir: Path, job_id: str, python: str, cwd: str, user: str):
     """One container per node of the plan: what ``ContainerController`` creates for each step
     (the step's name is the command's last word but one) and ``--dry-run`` prints. Pure."""
     configs = []
@@ -119,14 +118,24 @@ def container_configs(spec: JobSpec, plan: Plan, job_dir: Path, job_id: str, pyt
         host = plan.ranks[node * plan.tasks_per_node].host
         configs.append(
             {
-                "name": f"{spec.name}-{job_id}-{host}",
+                "name": f"{request.name}-{job_id}-{host}",
                 "hostname": host,
-                "image": spec.container.image,
-                "command": [python, "-P", "-m", "cluster.local", "--node", str(node), "--step", "STEP", str(job_dir)],
+                "image": request.image,
+                "command": [
+                    python,
+                    "-P",
+                    "-m",
+                    "cluster.launcher",
+                    "--node",
+                    str(node),
+                    "--step",
+                    "STEP",
+                    str(job_dir),
+                ],
                 "user": user,
                 "working_dir": cwd,
-                "volumes": mounts(spec, job_dir, cwd),
-                "gpus": node_gpus(spec, node),
+                "volumes": mounts(request, job_dir, cwd),
+                "gpus": node_gpus(request.gpus_per_node, node),
                 "labels": {LABEL: str(job_dir), NODE_LABEL: host},
             }
         )
@@ -149,10 +158,10 @@ def step_command(config: dict, step: str) -> list[str]:
     return [step if word == "STEP" else word for word in config["command"]]
 
 
-def describe(spec: JobSpec, plan: Plan, request: Request, python: str) -> list[str]:
+def describe(plan: Plan, request: Request, python: str) -> list[str]:
     """What cluster=docker would run, with $JOB_DIR and $JOB_ID for what submission decides."""
-    configs = container_configs(spec, plan, Path("$JOB_DIR"), "$JOB_ID", python, os.getcwd(), user_ids())
-    network = network_name(spec, "$JOB_ID")
+    configs = container_configs(request, plan, Path("$JOB_DIR"), "$JOB_ID", python, os.getcwd(), user_ids())
+    network = network_name(request, "$JOB_ID")
     lines = [shlex.join(["docker", "network", "create", f"--label={LABEL}=$JOB_DIR", network])]
     for step in request.steps:
         lines.append(f"# step {step.name}: one container per node, started together; each runs its node's tasks")
@@ -173,10 +182,9 @@ class ContainerController(Controller):
     poll_s = 0.5
     unit_name = "node"
 
-    def __init__(self, launch: dict, job_dir: Path):
-        super().__init__(launch)
+    def __init__(self, launch: dict, job_dir: JobDir):
+        super().__init__(launch, job_dir)
         self.client = engine()
-        self.job_dir = job_dir
         self.network = None
         self.containers: list = []
 
@@ -188,8 +196,6 @@ class ContainerController(Controller):
         return super().run(only_step)
 
     def start(self, step: dict) -> None:
-        from docker.types import DeviceRequest
-
         self.containers = []
         for config in self.launch["containers"]:
             endpoint = self.client.api.create_endpoint_config(aliases=[config["hostname"]])
@@ -218,8 +224,6 @@ class ContainerController(Controller):
     def end_units(self) -> None:
         """SIGTERM to every container's node launcher at once (each ends its tasks), SIGKILL
         after STOP_GRACE_S, as docker stop would, container by container."""
-        import docker
-
         live = [c for c, code in zip(self.containers, self.exit_codes()) if code is None]
         for container in live:
             try:
@@ -265,8 +269,6 @@ def remove_job(client, job_dir: Path, say) -> None:
 
 def running(job_dir: Path) -> bool:
     """Any container of the job still there (running, or not yet removed)."""
-    import docker
-
     try:
         containers, _ = job_objects(docker.from_env(), job_dir)
     except docker.errors.DockerException:  # no engine: nothing of the job can run
@@ -279,9 +281,9 @@ def cancel(job_dir: Path, say) -> None:
     remove_job(engine(), job_dir, say)
 
 
-def signal_ranks(job_dir: Path, pids_by_host: dict[str, list[int]], sig: int) -> None:
+def signal_ranks(job_dir: JobDir, pids_by_host: dict[str, list[int]], sig: int) -> None:
     """Send ``sig`` to ranks inside the job's containers: their pids are the containers' own."""
-    python = json.loads((job_dir / paths.LAUNCH).read_text())["python"]
+    python = job_dir.launch()["python"]
     kill = "import os, sys; [os.kill(int(p), int(sys.argv[1])) for p in sys.argv[2:]]"
     containers, _ = job_objects(engine(), job_dir)
     for container in containers:

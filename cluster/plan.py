@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from cluster import backends
 from cluster.spec import JobSpec
 from train.config import ConfigError, check_batch_split
 from train.parallel.mesh import PER_RANK_STATE, ParallelDims, resolve_dims
@@ -120,9 +121,9 @@ def make_plan(spec: JobSpec) -> Plan:
     else:  # the user's program lays out its own parallelism
         dims = ParallelDims(dp_replicate=world)
     ranks = []
+    backend = backends.get(spec.cluster)
     for node in range(spec.nodes):
-        # Local: this machine; docker: the node's container, named so; SLURM: known at run time.
-        host = {"local": "localhost", "docker": f"node{node}"}.get(spec.cluster, f"<node{node}>")
+        host = backend.host(node)
         for local in range(tasks):
             rank = node * tasks + local
             gpus = tuple(range(local * per_task, (local + 1) * per_task))
@@ -134,8 +135,7 @@ def make_plan(spec: JobSpec) -> Plan:
                 device = f"cuda:{local}" if gpus else "cpu"
             coords = dims.coords(rank) if world > 1 and spec.program is None else None
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
-    master = {"local": "127.0.0.1 (this machine)", "docker": "node0 (the first node's container)"}
-    local = {"master_addr": master[spec.cluster]} if spec.cluster in master else {}
+    local = {"master_addr": backend.master_addr()} if backend.master_addr() else {}
     program = f"{spec.program.kind} {spec.program.target}, launcher {spec.program.launcher}" if spec.program else ""
     return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, **local)
 

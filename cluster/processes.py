@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
-from collections.abc import Callable, Iterable
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from cluster.poll import WaitTimeout, wait_until
@@ -74,3 +77,17 @@ def kill_after(pids: Iterable[int], grace_s: float, say: Callable[[str], None]) 
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return left
+
+
+def py_spy() -> str | None:
+    """py-spy beside this interpreter (a venv's bin/ need not be on PATH), else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.exists() else shutil.which("py-spy")
+
+
+def native_stack(pid: int, on: Sequence[str] = ()) -> str:
+    """py-spy's dump with native frames of one process (needs ptrace), run through ``on``
+    (srun on the process's node, for one); or why there is none."""
+    cmd = [*on, py_spy() or "py-spy", "dump", "--native", "--pid", str(pid)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return done.stdout if done.returncode == 0 else f"py-spy failed ({done.returncode}): {done.stderr.strip()}"

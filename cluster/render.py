@@ -8,14 +8,11 @@ quoted (#SBATCH lines).
 
 from __future__ import annotations
 
-import json
 import shlex
 
-import yaml
-
-from cluster import paths
-from cluster.plan import Plan, plan_record
-from cluster.request import Request
+from cluster.jobdir import ATTEMPTS, GUARD_LOG, PLAN, TRAIN_CONFIG, job_root, srun_output
+from cluster.plan import Plan
+from cluster.request import Request, job_files
 from cluster.spec import JobSpec
 from train.protocol import ATTEMPT_VAR, DETERMINISTIC_EXIT, PORT_BASE, PORT_SPAN
 
@@ -34,7 +31,8 @@ def describe_program(spec: JobSpec) -> str:
 
 
 def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str:
-    job_dir = f"{paths.job_root(spec.log_dir, spec.name)}/$SLURM_JOB_ID"
+    job_dir = f"{job_root(spec.log_dir, spec.name)}/$SLURM_JOB_ID"
+    files = job_files(spec, plan)
     lines = ["#!/bin/bash"]
     lines.append(f"# {spec.name}: {plan.nodes} node(s) x {plan.tasks_per_node} task(s) = {plan.world_size} ranks"
                  + (f", rendered from {source}" if source else ""))  # fmt: skip
@@ -70,23 +68,21 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str
     if request.setup:
         lines.append("")
         lines += list(request.setup)
-    if spec.program is None:
-        config = yaml.safe_dump(spec.train_dict(), sort_keys=False).rstrip("\n")
+    if TRAIN_CONFIG in files:
         lines += [
             "",
             "# The training configuration, passed unchanged to every rank.",
-            f"cat > \"$JOB_DIR/{paths.TRAIN_CONFIG}\" <<'TRAIN_YAML'",
-            config,
+            f"cat > \"$JOB_DIR/{TRAIN_CONFIG}\" <<'TRAIN_YAML'",
+            files[TRAIN_CONFIG].rstrip("\n"),
             "TRAIN_YAML",
         ]
-    plan_json = json.dumps(plan_record(spec, plan), separators=(",", ":"))
-    lines += ["", "# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{paths.PLAN}\" <<'PLAN_JSON'"]
-    lines += [plan_json, "PLAN_JSON"]
+    lines += ["", "# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{PLAN}\" <<'PLAN_JSON'"]
+    lines += [files[PLAN], "PLAN_JSON"]
     if request.restarts:
         lines += ["", *attempts_start(spec, plan, request)]
     comments, commands = [], []
     for step in request.steps:
-        srun = ["srun", *request.srun, *step.srun, f"--output=$JOB_DIR/{step.output}"]
+        srun = ["srun", *request.srun, *step.srun, f"--output=$JOB_DIR/{srun_output(step.log)}"]
         comments.append({
             "preflight": "# Preflight: every rank joins, collectives verified, bus bandwidth measured.",
             "train": "# The ranks." if request.launcher == "per_task" else "# One torchrun agent per node.",
@@ -111,7 +107,7 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
     lines = [
         f"# Restarts (up to {request.restarts}{spares}): each attempt runs on {nodes} node(s) of the",
         "# allocation that the kit has not excluded. After a failure, cluster.attempts triages it",
-        f"# (the first failure's rank and node), records it in $JOB_DIR/{paths.ATTEMPTS} and prints the next",
+        f"# (the first failure's rank and node), records it in $JOB_DIR/{ATTEMPTS} and prints the next",
         f"# attempt's number, node count and nodes; or it ends the job (exit {DETERMINISTIC_EXIT}: a deterministic failure).",
         f'NEXT="$({helper} start "$JOB_DIR")"',
         *read_attempt(plan),
@@ -122,8 +118,8 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
             "# nothing to start the next attempt; a step on another node then requeues the job. (srun's own",
             "# words, such as the guard's end when the job ends, go to the guard's log, not to the job's.)",
             'GUARD_NODE="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME" | tail -n 1)"',
-            f'srun --overlap --no-kill --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" "--output=$JOB_DIR/{paths.GUARD_LOG}" \\',
-            f'  {helper} guard "$JOB_DIR" --batch-node "$SLURMD_NODENAME" 2>>"$JOB_DIR/{paths.GUARD_LOG}" &',
+            f'srun --overlap --no-kill --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" "--output=$JOB_DIR/{GUARD_LOG}" \\',
+            f'  {helper} guard "$JOB_DIR" --batch-node "$SLURMD_NODENAME" 2>>"$JOB_DIR/{GUARD_LOG}" &',
         ]
     return lines
 

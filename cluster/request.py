@@ -18,14 +18,17 @@ one task per node running torchrun, whose workers are the ranks.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from cluster import paths
-from cluster.plan import Plan, gpu_binding
+import yaml
+
+from cluster import backends
+from cluster.jobdir import PLAN, SCRIPT, SPEC, TRAIN_CONFIG, batch_output
+from cluster.plan import Plan, gpu_binding, plan_record
 from cluster.spec import JobSpec
+from train.protocol import parse_time_limit_signal
 
 PREFLIGHT_JOIN_TIMEOUT_S = 120.0  # how long preflight's rank 0 waits for every rank (spec.stall_timeout_s if set)
-VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")  # the local launcher's
 # spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
 # gets from cluster.attempts (fewer than planned once min_nodes let the job go on without one)
 ATTEMPT_NODES, ATTEMPT_NNODES, ATTEMPT_NTASKS = "$ATTEMPT_NODES", "$ATTEMPT_NNODES", "$ATTEMPT_NTASKS"
@@ -36,7 +39,7 @@ class Step:
     name: str  # "preflight" or "train"
     tasks_per_node: int
     srun: tuple[str, ...]  # srun options of this step, after the shared ones
-    output: str  # each task's log in the job directory; %5t is the task id (srun's pattern)
+    log: str  # which per-task log each task writes (cluster.jobdir.TASK_LOGS: rank, preflight, node)
     command: tuple[str, ...]
     per_rank: bool = True  # one task per rank (told its rank), or one torchrun agent per node
 
@@ -51,6 +54,16 @@ class Request:
     launcher: str  # per_task or torchrun
     restarts: int = 0  # spec.restarts: the train step runs in a loop of attempts
     attempts: tuple[str, ...] = ()  # with restarts: the command that starts and ends attempts (cluster.attempts)
+    # What a launcher other than SLURM needs besides the steps: the job's name, its time limit,
+    # the ranks' time-limit signal and how long before the limit it comes, and the image
+    # (with its mounts and GPUs per node) that cluster=docker runs every node in.
+    name: str = ""
+    time_limit_s: int = 0
+    rank_signal: str = ""
+    signal_before_s: int = 0
+    image: str = ""
+    mounts: tuple[str, ...] = ()
+    gpus_per_node: int = 0
 
     @property
     def uses_rendezvous_variables(self) -> bool:
@@ -64,7 +77,7 @@ def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
         f"--ntasks-per-node={plan.tasks_per_node}",
         f"--cpus-per-task={spec.cpus_per_task}",
         f"--time={spec.time}",
-        f"--output={paths.batch_output(spec.log_dir, spec.name)}",
+        f"--output={batch_output(spec.log_dir, spec.name)}",
         "--open-mode=append",  # a requeued attempt appends instead of truncating
     ]
     if plan.gpus_per_task:
@@ -99,7 +112,7 @@ def srun_options(spec: JobSpec) -> list[str]:
 
 def in_container(spec: JobSpec, cmd: list[str]) -> list[str]:
     c = spec.container
-    if c.runtime == "apptainer" and spec.cluster != "docker":  # docker's tasks already run in the image
+    if c.runtime == "apptainer" and not backends.get(spec.cluster).in_image:  # docker's tasks already do
         binds = [f"--bind={m}" for m in c.mounts]
         pwd = [f"--pwd={c.workdir}"] if c.workdir else []
         return ["apptainer", "exec", "--nv", *binds, *pwd, c.image, *cmd]
@@ -111,7 +124,7 @@ def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
     ``rank_log``: the rank writes its own log (torchrun's workers share the agent's output)."""
     if spec.program is None:
         log = ["--rank-log"] if rank_log else []
-        config = f"$JOB_DIR/{paths.TRAIN_CONFIG}"
+        config = f"$JOB_DIR/{TRAIN_CONFIG}"
         return [python, "-P", "-m", "train", *log, "--timestamps", "--config", config, "train.run_dir=$JOB_DIR"]
     p = spec.program
     shim = [python, "-P", "-m", "train.shim", "--job-dir=$JOB_DIR"]
@@ -157,15 +170,15 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
     if spec.preflight or preflight_only:
         join = f"--join-timeout-s={spec.stall_timeout_s or PREFLIGHT_JOIN_TIMEOUT_S:g}"
         check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", join])
-        steps.append(Step("preflight", plan.tasks_per_node, per_rank, paths.SRUN_PREFLIGHT_LOG, tuple(check)))
+        steps.append(Step("preflight", plan.tasks_per_node, per_rank, "preflight", tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":
             agent = torchrun(plan, python, rank_program(spec, python, rank_log=True), nodes, spec.rank_signal)
             srun = (*on_nodes, f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
-            steps.append(Step("train", 1, srun, paths.SRUN_NODE_LOG, tuple(in_container(spec, agent)), per_rank=False))
+            steps.append(Step("train", 1, srun, "node", tuple(in_container(spec, agent)), per_rank=False))
         else:
             command = in_container(spec, rank_program(spec, python, rank_log=False))
-            steps.append(Step("train", plan.tasks_per_node, per_rank, paths.SRUN_RANK_LOG, tuple(command)))
+            steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", tuple(command)))
     attempts = in_container(spec, [python, "-P", "-m", "cluster.attempts"]) if spec.restarts else []
     return Request(
         sbatch=tuple(sbatch_options(spec, plan)),
@@ -176,11 +189,25 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
         launcher=spec.launcher,
         restarts=spec.restarts,
         attempts=tuple(attempts),
+        name=spec.name,
+        time_limit_s=spec.time_minutes * 60,
+        rank_signal=spec.rank_signal,
+        signal_before_s=parse_time_limit_signal(spec.signal)[1] if spec.rank_signal else 0,
+        image=spec.container.image,
+        mounts=tuple(spec.container.mounts),
+        gpus_per_node=spec.gpus_per_node,
     )
 
 
-def substitute(word: str, values: dict[str, str]) -> str:
-    """The batch script's variables in a command word, for the local launcher."""
-    for name in VARIABLES:
-        word = word.replace(f"${name}", values[name])
-    return word
+def job_files(spec: JobSpec, plan: Plan, script: str = "") -> dict[str, str]:
+    """The files a job directory gets at submission, by name: the plan (``cluster logs``
+    reads it; the batch script writes the same text itself), the training configuration
+    (built-in trainer), the spec and the script sbatch got (or its equivalent). The local
+    launcher adds its steps (launch.json). Pure."""
+    files = {PLAN: json.dumps(plan_record(spec, plan), separators=(",", ":"))}
+    if spec.program is None:
+        files[TRAIN_CONFIG] = yaml.safe_dump(spec.train_dict(), sort_keys=False)
+    if script:
+        files[SCRIPT] = script
+        files[SPEC] = yaml.safe_dump(asdict(spec), sort_keys=False)
+    return files

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cluster import backends
 from train.config import (
     TRAIN_SECTIONS,
     Config,
@@ -185,9 +186,10 @@ def _check_command(key: str, command: str) -> None:
 @dataclass
 class JobSpec:
     name: str = "train"
-    # slurm: sbatch; local: this machine, one node; docker: one container per node on this
-    # machine, from container.image (the Docker SDK; try a multi-node job in the image).
-    cluster: Literal["local", "slurm", "docker"] = "slurm"
+    # The backend (cluster.backends): slurm: sbatch; local: this machine, one node; docker: one
+    # container per node on this machine, from container.image (the Docker SDK; try a
+    # multi-node job in the image).
+    cluster: str = "slurm"
     nodes: int = 1
     gpus_per_node: int = 0
     tasks_per_node: int | None = None  # default: one per GPU, or 1 without GPUs
@@ -302,15 +304,7 @@ class JobSpec:
         if self.signal:
             require_signal("signal", self.signal)
         require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
-        if self.cluster == "docker" and not self.container.image:
-            raise ConfigError(
-                "container.image",
-                "cluster=docker runs every node in container.image: set it (the kit's image: `make build`, "
-                "then container.image=torch-cluster-kit:latest)",
-            )
-        for key in ("restarts", "spare_nodes", "min_nodes"):
-            if getattr(self, key) and self.cluster != "slurm":
-                raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.cluster}")
+        backends.get(self.cluster).check(self)  # what the backend cannot run
         if self.restarts and self.container.runtime == "pyxis":
             raise ConfigError(
                 "restarts",
@@ -325,8 +319,6 @@ class JobSpec:
             )
         if self.min_nodes > self.nodes:
             raise ConfigError("min_nodes", f"{self.min_nodes} is more than nodes ({self.nodes})")
-        if self.cluster == "local" and self.nodes != 1:
-            raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {self.nodes}")
 
 
 def check_program_sections(file_tree: dict, overrides: list[dict], source: str, warn) -> None:

@@ -265,13 +265,13 @@ def compress(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def flight_recorder(job_dir: Path) -> dict | None:
+def flight_recorder(files: list[Path]) -> dict | None:
     """NCCL's flight-recorder dumps (one pickle per rank, written by torch on a collective
     timeout, see ``train.hangs.collective_checks``): each rank's last collective sequence
     number. Ranks behind the others never issued the collective the others wait in.
-    (The files are the job's own, written by its ranks; torch's fr_trace reads them alike.)"""
+    (``files``: the job's own, written by its ranks; torch's fr_trace reads them alike.)"""
     last: dict[int, int] = {}
-    for path in sorted(job_dir.glob(FLIGHT_RECORDER_PREFIX + "*")):
+    for path in files:
         try:
             rank = int(path.name[len(FLIGHT_RECORDER_PREFIX) :])
             entries = pickle.loads(path.read_bytes()).get("entries", [])

@@ -5,6 +5,8 @@ import os
 import signal
 from pathlib import Path
 
+from cluster.backends import JobRef
+from cluster.jobdir import JobDir
 from cluster.poll import wait_until
 from tests.conftest import run_module
 from train.protocol import read_records, record_name
@@ -55,3 +57,8 @@ def cancel(job_dir: Path) -> None:
     """``python -m cluster cancel``, as a user would; it must leave no process behind."""
     result = run_module("cluster", "cancel", str(job_dir), timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def job_running(job_dir: Path) -> bool:
+    """Whether anything of the job still runs, as its backend says (cluster status)."""
+    return not JobRef.of(JobDir(job_dir)).done()

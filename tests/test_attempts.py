@@ -5,17 +5,17 @@ import json
 
 import pytest
 
+from cluster.attempt_history import format_attempts, summary
 from cluster.attempts import (
     BAD_NODE_STATES,
     DEAD_NODE_STATES,
     Decision,
     batch_node_lost,
     decide,
-    format_attempts,
     nodes_in,
-    summary,
     the_failure,
 )
+from cluster.jobdir import JobDir
 from train.protocol import never_joined_message, preflight_log_name, record_name
 
 ALLOC = ["n1", "n2", "n3"]
@@ -105,7 +105,7 @@ def test_the_attempt_record_counts_recomputed_steps_and_recovery_time(tmp_path):
     (tmp_path / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     steps = [{"event": "first_step", "step": 1, "time": 101.0}, {"event": "first_step", "step": 101, "time": 170.5}]
     (tmp_path / record_name(0)).write_text("".join(json.dumps(r) + "\n" for r in steps))
-    attempts = summary(tmp_path)
+    attempts = summary(JobDir(tmp_path))
     assert [a["attempt"] for a in attempts] == [0, 1]
     assert attempts[0]["recomputed_steps"] == 20 and attempts[0]["recovery_s"] == 10.5
     text = "\n".join(format_attempts(attempts, restarts=3))
@@ -119,7 +119,7 @@ def test_ranks_that_never_joined_the_preflight_name_their_nodes(tmp_path):
     the attempt's node r // tasks_per_node (srun's block distribution)."""
     (tmp_path / "plan.json").write_text(json.dumps({"tasks_per_node": 2, "nodes": 3}))
     (tmp_path / preflight_log_name(0, 1)).write_text(f"preflight FAILED: {never_joined_message([2, 5])} within 20 s\n")
-    failure = the_failure(tmp_path, {"attempt": 1, "nodes": ["n1", "n3", "n4"], "time": 0.0})
+    failure = the_failure(JobDir(tmp_path), {"attempt": 1, "nodes": ["n1", "n3", "n4"], "time": 0.0})
     assert failure["suspects"] == ["n3", "n4"] and failure["rank"] == 2
     assert failure["error"] == "preflight: rank(s) [2, 5] never joined (on n3, n4)"
 

@@ -17,10 +17,10 @@ import pytest
 from cluster.containers import LABEL, container_configs, node_gpus
 from cluster.plan import make_plan
 from cluster.poll import wait_until
+from cluster.request import make_request
 from cluster.spec import JobSpec
-from cluster.submit import local_state
 from tests.conftest import ROOT, docker_engine, run_module
-from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line, wait_for_step
+from tests.jobs_helpers import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
 from train.config import ConfigError, load
 from train.protocol import read_records
 
@@ -29,6 +29,10 @@ TWO_BY_TWO = ["cluster=docker", "nodes=2", "tasks_per_node=2", "gpus_per_node=0"
 # multi_node.yaml's 8 threads per rank suit a GPU node's CPUs; 4 ranks x 8 threads on CI's 2
 # cores thrash (100 steps: 103 s beside `yes`). The containers and files are the same with 1.
 ONE_THREAD = "env.OMP_NUM_THREADS=1"
+
+
+def request_of(spec: JobSpec, plan):
+    return make_request(spec, plan, "python")
 
 
 def spec_of(*overrides: str) -> JobSpec:
@@ -47,13 +51,23 @@ def test_one_container_per_node_named_after_job_and_node_with_its_own_gpus(overr
     spec = spec_of(*overrides)
     plan = make_plan(spec)
     job_dir = tmp_path / "runs" / "multi-node" / "7"
-    configs = container_configs(spec, plan, job_dir, "7", "python", str(tmp_path), "1000:1000")
+    configs = container_configs(request_of(spec, plan), plan, job_dir, "7", "python", str(tmp_path), "1000:1000")
     assert [c["name"] for c in configs] == names
     assert [c["hostname"] for c in configs] == [f"node{n}" for n in range(len(names))]
     assert [c["hostname"] for c in configs] == sorted({r.host for r in plan.ranks})  # the plan's hosts
-    assert [c["gpus"] for c in configs] == gpus == [node_gpus(spec, n) for n in range(len(names))]
+    assert [c["gpus"] for c in configs] == gpus == [node_gpus(spec.gpus_per_node, n) for n in range(len(names))]
     for n, c in enumerate(configs):
-        assert c["command"] == ["python", "-P", "-m", "cluster.local", "--node", str(n), "--step", "STEP", str(job_dir)]
+        assert c["command"] == [
+            "python",
+            "-P",
+            "-m",
+            "cluster.launcher",
+            "--node",
+            str(n),
+            "--step",
+            "STEP",
+            str(job_dir),
+        ]
         assert c["user"] == "1000:1000" and c["working_dir"] == str(tmp_path)
         assert c["volumes"] == {str(tmp_path): {"bind": str(tmp_path), "mode": "rw"}}  # the job dir is inside
         assert c["labels"][LABEL] == str(job_dir)
@@ -61,7 +75,10 @@ def test_one_container_per_node_named_after_job_and_node_with_its_own_gpus(overr
 
 def test_a_job_dir_elsewhere_and_the_specs_mounts_are_mounted_at_their_paths(tmp_path):
     spec = spec_of('container.mounts=["/data:/data:ro","/scratch"]')
-    config = container_configs(spec, make_plan(spec), Path("/elsewhere/9"), "9", "python", str(tmp_path), "0:0")[0]
+    plan = make_plan(spec)
+    config = container_configs(request_of(spec, plan), plan, Path("/elsewhere/9"), "9", "python", str(tmp_path), "0:0")[
+        0
+    ]
     assert config["volumes"] == {
         str(tmp_path): {"bind": str(tmp_path), "mode": "rw"},
         "/elsewhere/9": {"bind": "/elsewhere/9", "mode": "rw"},
@@ -156,9 +173,9 @@ def test_a_failing_rank_ends_every_container_and_leaves_nothing(image, tmp_path)
         wait_for_line(job_dir / "rank_00003.log", "train.fail_at_step=20 on rank 3", timeout=180)
         # Liveness, generous on a loaded machine: fail-fast ends the job in seconds, while the
         # other ranks alone would train on for 100,000 steps. How fast: the closing note's figures.
-        wait_until(lambda: local_state(job_dir.name, job_dir, "docker") != "RUNNING", 120, "the job to end")
+        wait_until(lambda: not job_running(job_dir), 120, "the job to end")
     finally:
-        if local_state(job_dir.name, job_dir, "docker") == "RUNNING":
+        if job_running(job_dir):
             cancel(job_dir)
     code, report = logs_json(job_dir)
     first = report["first_failure"]

@@ -14,7 +14,7 @@ from it (else autocast or the policy did nothing); fp16 with the GradScaler like
 import pytest
 import torch
 
-from cluster.report import PEAK_FLOPS, mfu_rows
+from bench.report import PEAK_FLOPS, mfu_rows
 from tests.conftest import ROOT
 from tests.test_data_parallel import BASE, max_diff, run_strategy
 from train.config import Config, load
@@ -80,7 +80,7 @@ def test_fsdp_mixed_precision_policy_trains_close_to_fp32(tmp_path):
 @pytest.mark.gpu
 @cuda
 def test_the_mfu_benchmark_end_to_end():
-    from cluster.report import gpu_mfu
+    from bench.report import gpu_mfu
 
     result = gpu_mfu(rounds=1)
     assert result["device"] == torch.cuda.get_device_name(0) and result["runs"]

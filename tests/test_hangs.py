@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from cluster import stacks
-from cluster.logs import inspect
+from cluster.jobdir import JobDir
+from cluster.logs.triage import inspect
 from cluster.poll import wait_until
 from tests.conftest import ROOT, run_module
-from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line
+from tests.jobs_helpers import cancel, job_running, logs_json, submit, wait_for_line
 from train.protocol import FLIGHT_RECORDER_PREFIX
 
 SITE = "/venv/lib/python3.11/site-packages"
@@ -98,7 +99,7 @@ def test_a_dump_read_while_it_is_written_is_not_whole(tmp_path):
 
 def test_a_watchdog_dump_after_a_snapshot_makes_the_rank_stalled(tmp_path):
     """A snapshot's dump comes first in a hung rank's log; the watchdog's last one decides."""
-    from cluster.logs import scan_log
+    from cluster.logs.scan import scan_log
 
     scan = scan_log(log(tmp_path / "r.log", dump(HUNG), dump(HUNG, "Timeout (0:00:25)!")))
     assert scan["stalled"] == "Timeout (0:00:25)!" and scan["error"] is None
@@ -171,7 +172,7 @@ def test_flight_recorder_names_ranks_behind(tmp_path):
     for rank, seq in [(0, 12), (1, 12), (2, 11), (3, 12)]:
         entries = [{"collective_seq_id": s, "profiling_name": "nccl:all_reduce"} for s in range(1, seq + 1)]
         (tmp_path / f"{FLIGHT_RECORDER_PREFIX}{rank}").write_bytes(pickle.dumps({"entries": entries}))
-    assert stacks.flight_recorder(tmp_path) == {
+    assert stacks.flight_recorder(JobDir(tmp_path).flight_recorder_files()) == {
         "last_seq": {0: 12, 1: 12, 2: 11, 3: 12},
         "max_seq": 12,
         "behind": {2: 11},
@@ -266,7 +267,7 @@ def test_debug_collectives_with_torch_ddp_on_gloo_is_refused_before_it_crashes()
 
 @pytest.mark.slow
 def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_running(tmp_path):
-    from cluster.submit import local_processes, local_state
+    from cluster.backends.local import processes_of
 
     result, info = submit("jobs/local.yaml", tmp_path, *HANG, "train.stall_timeout_s=0", wait=False)
     assert result.returncode == 0, result.stderr
@@ -284,7 +285,7 @@ def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_runni
 
         verdict = wait_until(everyone_else_waits, 60, "ranks 0, 1 and 3 to wait in a collective")
         assert verdict["culprits"] == [2] and verdict["missing"] == []
-        assert local_state(info["job_id"]) == "RUNNING"
+        assert job_running(job_dir)
         assert "hang_here" in (job_dir / "rank_00002.log").read_text()
 
         # The ranks are where they were: the first --native snapshot must name rank 2 (a dump
@@ -294,4 +295,4 @@ def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_runni
         assert "native (py-spy)" in text and "hang_here" in text.split("rank 2, native")[1]
     finally:
         cancel(job_dir)
-    assert local_processes(info["job_id"], job_dir) == set()  # cancel ends every process of the job
+    assert processes_of(JobDir(job_dir)) == set()  # cancel ends every process of the job

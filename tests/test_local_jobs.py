@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import run_module
-from tests.jobs_helpers import cancel, kill_rank_and_wait_end, logs_json, submit
+from tests.jobs_helpers import cancel, job_running, kill_rank_and_wait_end, logs_json, submit
 
 pytestmark = pytest.mark.slow
 FAST = ["train.steps=40", "train.log_every=5", "train.eval_every=20", "tasks_per_node=3", "train.batch_size=63"]
@@ -43,12 +43,10 @@ def test_sigkilled_rank_is_named_and_job_ends_fast(tmp_path):
                           wait=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "local" / info["job_id"]
-    from cluster.submit import local_state
-
     try:
-        kill_rank_and_wait_end(job_dir, 2, ended=lambda: local_state(info["job_id"], job_dir) != "RUNNING")
+        kill_rank_and_wait_end(job_dir, 2, ended=lambda: not job_running(job_dir))
     finally:  # never leave a 100,000-step job behind
-        if local_state(info["job_id"], job_dir) == "RUNNING":
+        if job_running(job_dir):
             cancel(job_dir)
     code, report = logs_json(job_dir)
     assert code.returncode == 1

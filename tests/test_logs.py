@@ -2,8 +2,12 @@
 
 import pytest
 
-from cluster.logs import compress, format_report, inspect, parse_traceback
-from cluster.synthetic import START, make_job, stamp
+from cluster.jobdir import JobDir
+from cluster.logs.scan import parse_traceback
+from cluster.logs.text import format_report
+from cluster.logs.triage import inspect
+from cluster.stacks import compress
+from tests.support.synthetic import START, make_job, stamp
 
 
 def test_crash_names_first_rank_by_time_and_groups_the_cascade(tmp_path):
@@ -97,7 +101,7 @@ def test_a_rank_without_a_log_is_explained_by_the_schedulers_file(tmp_path):
 def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_path):
     import math
 
-    from cluster.logs import step_time_grid
+    from cluster.logs.plot import step_time_grid
 
     job = make_job(tmp_path, world=8, lines=100, silent_rank=5, slow_rank=2)
     order, grid, t0, t1 = step_time_grid(inspect(job, running=True, silent_after_s=30, now=START + 100))
@@ -109,7 +113,7 @@ def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_pat
 
 
 def test_plot_of_1024_ranks_is_one_image_with_the_failure_marked(tmp_path):
-    from cluster.logs import plot_step_times
+    from cluster.logs.plot import plot_step_times
 
     report = inspect(make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8), running=False)
     drawn = plot_step_times(report, tmp_path / "plot.png")
@@ -122,7 +126,8 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     eight seconds later. Between the two the rank trained nothing: its row is empty there."""
     import math
 
-    from cluster.logs import RankReport, Report, plot_step_times, step_time_grid
+    from cluster.logs.plot import plot_step_times, step_time_grid
+    from cluster.logs.triage import RankReport, Report
 
     times = [(s, 10.0, START + s / 100) for s in range(20, 121, 20)]
     times += [(s, 10.0, START + 9.0 + (s - 100) / 100) for s in range(120, 201, 20)]
@@ -157,9 +162,9 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     ],
 )  # fmt: skip
 def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, want, tmp_path):
-    from cluster.logs import scheduler_kill
+    from cluster.logs.triage import scheduler_kill
 
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
     (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
-    assert scheduler_kill(job_dir, plan) == want
+    assert scheduler_kill(JobDir(job_dir), plan) == want

@@ -12,9 +12,8 @@ from cluster.plan import make_plan
 from cluster.poll import wait_until
 from cluster.request import make_request
 from cluster.spec import JobSpec
-from cluster.submit import local_state
 from tests.conftest import ROOT, run_module
-from tests.jobs_helpers import cancel, logs_json, submit, wait_for_line
+from tests.jobs_helpers import cancel, job_running, logs_json, submit, wait_for_line
 from train.config import ConfigError, load
 
 CNN = "program.script=jobs/train_cnn.py"
@@ -77,7 +76,7 @@ def test_a_trainer_spec_reused_for_a_script_says_its_sections_are_ignored():
 def test_per_task_ranks_run_the_shim_around_the_program():
     s = spec('program.args=["--steps", "7"]', "stall_timeout_s=30")
     (step,) = make_request(s, make_plan(s), "py").steps
-    assert step.per_rank and step.tasks_per_node == 2 and step.output.startswith("rank_")
+    assert step.per_rank and step.tasks_per_node == 2 and step.log == "rank"
     assert step.command == ("py", "-P", "-m", "train.shim", "--job-dir=$JOB_DIR", "--stall-timeout-s=30",
                             "--startup-timeout-s=600", "--time-limit-signal=USR1", "--script=jobs/train_cnn.py",
                             "--", "--steps", "7")  # fmt: skip
@@ -97,7 +96,7 @@ def test_torchrun_launcher_runs_one_agent_per_node_with_the_plans_ranks_per_node
     s = spec("program.launcher=torchrun")
     plan = make_plan(s)
     (step,) = make_request(s, plan, "py").steps
-    assert not step.per_rank and step.tasks_per_node == 1 and step.output.startswith("node_")
+    assert not step.per_rank and step.tasks_per_node == 1 and step.log == "node"
     assert "--nproc-per-node=2" in step.command and "--nnodes=2" in step.command
     assert "--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT" in step.command and "--rank-log" in step.command
     # every worker of a node sees the node's GPUs and picks cuda:<local rank>
@@ -179,7 +178,7 @@ def test_a_hanging_rank_of_the_script_is_named_by_snapshot_then_by_the_watchdog(
         snap = run_module("cluster", "snapshot", str(job_dir), "--json")
         assert snap.returncode == 0 and json.loads(snap.stdout)["culprits"] == [1], snap.stdout + snap.stderr
         # then the stall watchdog (20 s) ends the job by itself
-        wait_until(lambda: local_state(info["job_id"], job_dir) != "RUNNING", 180, "the watchdog to end the job")
+        wait_until(lambda: not job_running(job_dir), 180, "the watchdog to end the job")
         code, report = logs_json(job_dir)
     finally:
         cancel(job_dir)

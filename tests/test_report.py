@@ -7,7 +7,7 @@ from tests.conftest import run_module
 def test_quick_report_writes_markdown_and_plots(tmp_path):
     """`make bench` end to end, in its --quick form (1 round, short runs), into a temporary folder."""
     out = tmp_path / "benchmarks.md"
-    result = run_module("cluster.report", "--quick", f"--out={out}", timeout=600)
+    result = run_module("bench.report", "--quick", f"--out={out}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     text = out.read_text()
     for needle in (
@@ -26,7 +26,7 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
 
 def test_the_benchmark_plots_draw_every_strategy_and_point(tmp_path):
     """What each plot draws, from the rows it is given (not only that a PNG was written)."""
-    from cluster.report import plots
+    from bench.report import plots
 
     mib = 2**20
     rows = [{"strategy": "single", "nprocs": 1, "samples_per_s": 900.0, "state_bytes": None},

@@ -116,7 +116,9 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
     """The stock multi_node spec asks 8 CPUs per task and 128G per node; the emulated nodes
     have 4 CPUs and 8000 MB. SLURM accepts such a job and leaves it pending forever: status
     and --wait say why, and once cancelled, logs says no rank started."""
-    from cluster.submit import NeverStarts, Submitted, slurm_job
+    from cluster.backends import BACKENDS, JobRef, NeverStarts
+    from cluster.backends.slurm import slurm_job
+    from cluster.jobdir import JobDir
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", wait=False)
     assert result.returncode == 0, result.stderr
@@ -129,7 +131,9 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
         assert state["state"] == "PENDING" and state["reason"].startswith("PartitionConfig"), state
         assert "will not start as submitted" in state["reason"]
         said = []
-        ended = Submitted(info["job_id"], tmp_path, "slurm").done_saying_why_pending(said.append)
+        ended = JobRef(JobDir(tmp_path / "multi-node" / info["job_id"]), BACKENDS["slurm"]).done_saying_why_pending(
+            said.append
+        )
         with pytest.raises(NeverStarts, match="will not start as submitted"):  # waiting would be forever
             ended()
         assert said == [f"job {info['job_id']} is pending: {state['reason']}"]
@@ -142,7 +146,7 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
 
 def test_rendered_script_runs_with_plain_sbatch(tmp_path):
     """The script `render` writes is what users submit with sbatch themselves: it must train."""
-    from cluster.submit import TERMINAL
+    from cluster.backends.base import TERMINAL
 
     script = tmp_path / "job.sbatch"
     rendered = run_module("cluster", "render", "jobs/multi_node.yaml", *FIT, "gpus_per_node=2", "train.steps=4",
@@ -162,7 +166,7 @@ REQUEST_FIELDS = ("JobName", "Requeue", "TimeLimit", "NumNodes", "NumTasks", "CP
 
 
 def recorded_request(job_id: str) -> tuple[dict, list[str]]:
-    from cluster.submit import slurm_job
+    from cluster.backends.slurm import slurm_job
 
     fields = {k: v.replace(f"-{job_id}.", "-<id>.") for k, v in slurm_job(job_id).items() if k in REQUEST_FIELDS}
     # A pending job shows its node count as a range ("2-2"), a started one as the count it got
@@ -254,7 +258,8 @@ def test_raising_rank_on_second_node_is_named(tmp_path):
 
 
 def test_sigkill_ends_the_job_within_60_s(tmp_path):
-    from cluster.submit import TERMINAL, slurm_state
+    from cluster.backends.base import TERMINAL
+    from cluster.backends.slurm import slurm_state
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
                           "train.log_every=5", wait=False)  # fmt: skip
@@ -274,7 +279,8 @@ def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path)
     """Rank 2 (node 1) hangs at step 20. While the job runs, a snapshot (scancel --signal)
     names it and the job goes on; then the stall watchdog ends the job and the inspector
     names rank 2, not the waiting rank whose error came first."""
-    from cluster.submit import TERMINAL, slurm_state
+    from cluster.backends.base import TERMINAL
+    from cluster.backends.slurm import slurm_state
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
                           "train.log_every=5", "train.hang_at_step=20", "train.hang_rank=2",
@@ -317,7 +323,7 @@ def wait_requeued(job_id: str) -> None:
     machine). Relaunched within the second its previous attempt was killed, slurmd refuses it
     ("Killing non-startable batch job: Job credential revoked", seen here) and the job ends
     CANCELLED with no second attempt (seen once in a CI run)."""
-    from cluster.submit import slurm_job
+    from cluster.backends.slurm import slurm_job
 
     def requeued():  # and done with its last attempt: not REQUEUED or COMPLETING (seen) any more
         fields = slurm_job(job_id)
@@ -333,7 +339,7 @@ def wait_requeued(job_id: str) -> None:
 
 
 def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> str:
-    from cluster.submit import slurm_state
+    from cluster.backends.slurm import slurm_state
 
     def reached():
         state = (slurm_state(job_id) or "GONE").split()[0]
@@ -684,7 +690,8 @@ def test_your_own_script_on_two_nodes_names_the_rank_that_raised(launcher, tmp_p
 
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
 def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watchdog(launcher, tmp_path):
-    from cluster.submit import TERMINAL, slurm_state
+    from cluster.backends.base import TERMINAL
+    from cluster.backends.slurm import slurm_state
 
     result, info = script_job(tmp_path, launcher, "--hang-at-step", "20", "--hang-rank", "2", wait=False)
     assert result.returncode == 0, result.stderr

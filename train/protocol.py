@@ -4,7 +4,7 @@ The driver (``cluster``) depends on this module and on nothing else of the train
 same files, records, timestamps and signals serve the built-in trainer and a user's own
 program run through the kit's rank shim (``train.shim``).
 
-Files, in the job directory (``cluster/paths.py`` has the whole layout):
+Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
     rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
     rank_00003.attempt1.log        the same after the first requeue or restart
     rank_00003.jsonl               its JSON records, one object per line
@@ -145,6 +145,11 @@ def record_name(rank: int) -> str:
 
 def preflight_log_name(rank: int, attempt: int = 0) -> str:
     return _per_attempt(f"preflight_{rank:05d}", attempt)
+
+
+def node_log_name(node: int, attempt: int = 0) -> str:
+    """A node's torchrun agent's output (program.launcher: torchrun)."""
+    return _per_attempt(f"node_{node:05d}", attempt)
 
 
 def log_name(rank: int, attempt: int = 0) -> str:

@@ -1,5 +1,5 @@
 """What a restart costs, on the SLURM minicluster (``make bench``'s "Restarts" section, or
-``python -m cluster.restart_bench --rounds 3``).
+``python -m bench.restart_bench --rounds 3``).
 
 - **Recovery**: from a failure to the next attempt's first training step, 2 nodes x 2 ranks.
   In the allocation (``restarts=1 spare_nodes=1``: the ranks of the second node are killed
@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster import paths
+from cluster import minicluster
+from cluster.jobdir import JobDir
 from cluster.poll import wait_until
-from train.protocol import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = ["cpus_per_task=1", "mem=", "exclusive=false", "gpus_per_node=2", "env.OMP_NUM_THREADS=1", "time=00:10:00"]
@@ -68,8 +68,7 @@ def submit(log_dir: Path, *overrides: str) -> Path:
 
 
 def records(job_dir: Path, rank: int, event: str) -> list[dict]:
-    path = paths.rank_records(job_dir, rank)
-    return [r for r in read_records(path) if r["event"] == event] if path.exists() else []
+    return [r for r in JobDir(job_dir).records(rank) if r["event"] == event]
 
 
 def reached(job_dir: Path, rank: int, step: int) -> dict | None:
@@ -175,9 +174,7 @@ def markdown(r: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from cluster import minicluster
-
-    parser = argparse.ArgumentParser(prog="python -m cluster.restart_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.restart_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)

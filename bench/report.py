@@ -1,4 +1,4 @@
-"""``make bench`` / ``python -m cluster.report``: every benchmark of the kit in one run, written
+"""``make bench`` / ``python -m bench.report``: every benchmark of the kit in one run, written
 to docs/benchmarks.md with PNG plots.
 
 Within each table, contenders run interleaved in the same run (``train.bench``) so noise
@@ -17,6 +17,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import torch
+
+from bench import restart_bench
+from cluster import minicluster
+from cluster.logs.triage import inspect
+from cluster.plan import make_plan
+from cluster.spec import JobSpec
+from tests.support.synthetic import make_job
+from train import scaling
+from train.bench import format_averaging, run_ranks
+from train.config import as_overrides, load
+from train.model import flops_per_sample
+from train.protocol import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -71,17 +87,11 @@ def averaging_table(rounds: int, quick: bool) -> dict:
 
 
 def collectives(max_bytes: str) -> list[dict]:
-    from train.bench import run_ranks
-
     say("collectives bandwidth sweep (2 ranks)")
     return json.loads(run_ranks(2, ["train.collectives", "--json", f"--max-bytes={max_bytes}"]))["sweep"]
 
 
 def plan_speed() -> dict:
-    from cluster.plan import make_plan
-    from cluster.spec import JobSpec
-    from train.config import load
-
     spec = load(JobSpec, ROOT / "jobs/multi_node.yaml", ["nodes=1024", "gpus_per_node=8", "train.batch_size=65536"])
     times = []
     for _ in range(5):
@@ -92,9 +102,6 @@ def plan_speed() -> dict:
 
 
 def triage_speed(ranks: int, lines: int, rounds: int = 3) -> dict:
-    from cluster.logs import inspect
-    from cluster.synthetic import make_job
-
     say(f"log triage: {ranks} ranks x {lines} lines")
     with tempfile.TemporaryDirectory() as tmp:
         job = make_job(Path(tmp) / "job", world=ranks, lines=lines, crash_rank=ranks // 3)
@@ -115,8 +122,6 @@ def triage_speed(ranks: int, lines: int, rounds: int = 3) -> dict:
 
 def submit_latency(rounds: int) -> dict | None:
     """submit -> first training step, against raw sbatch of the rendered script (minicluster)."""
-    from cluster import minicluster
-
     if not minicluster.is_up():
         return None
     say("submit latency vs raw sbatch (SLURM)")
@@ -148,7 +153,6 @@ def submit_latency(rounds: int) -> dict | None:
 
 def restart_costs(rounds: int) -> dict | None:
     """Recovery in the allocation vs a requeue, and start-up vs a minimal probe (minicluster)."""
-    from cluster import minicluster, restart_bench
 
     if not minicluster.is_up():
         return None
@@ -158,8 +162,6 @@ def restart_costs(rounds: int) -> dict | None:
 
 def scaling_study() -> dict:
     """The scaling grid (train/scaling.py); its fit is saved where ``--predict`` looks."""
-    from train import scaling
-
     say("scaling study: model size x data size x ranks")
     result = scaling.study(scaling.FULL, [1, 2], progress=say)
     scaling.save(result, ROOT / "runs" / "scaling")
@@ -177,8 +179,6 @@ def guarded(section, *args):
 
 def first_step_time(job_dir: Path, timeout: float = 180) -> float:
     """When rank 0 recorded its first step (the record's own timestamp)."""
-    from train.protocol import read_records
-
     path = job_dir / "rank_00000.jsonl"
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -206,14 +206,8 @@ def mfu_rows(runs: list[dict], flops_per_sample: float, device: str, dtype: str)
 
 
 def gpu_mfu(rounds: int) -> dict | None:
-    import torch
-
     if not torch.cuda.is_available():
         return None
-    from cluster.spec import JobSpec
-    from train.config import as_overrides, load
-    from train.model import flops_per_sample
-
     spec = load(JobSpec, ROOT / "jobs/bench_gpu.yaml")
     overrides = as_overrides(spec.train_dict())
     out = bench_json("--strategies", "single,minimal", "--rounds", str(rounds), *overrides)
@@ -228,11 +222,7 @@ def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> dict[str,
     """throughput.png, state_bytes.png and busbw.png; returns what each one draws: (label,
     value) per bar ((label, params, grads, optimizer) MiB for the stacked one), (bytes, GB/s)
     per point."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = [f"{r['strategy']}\nx{r['nprocs']}" for r in strategies]
     fig, ax = plt.subplots(figsize=(12, 4.5))
@@ -282,7 +272,7 @@ def render_markdown(r: dict) -> str:
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `make bench` (`python -m cluster.report`) on {m['date']}: {m['cpu']}, {m['cores']} cores, "
+        f"Written by `make bench` (`python -m bench.report`) on {m['date']}: {m['cpu']}, {m['cores']} cores, "
         f"torch {m['torch']}, Python {m['python']}, GPU: {m['cuda'] or 'none'}. Every table is one interleaved run; "
         "compare ratios within a table, not absolute figures across runs or machines. 4-rank rows oversubscribe "
         f"a {m['cores']}-core machine: they show correctness and relative cost, not scaling.",
@@ -343,13 +333,11 @@ def render_markdown(r: dict) -> str:
     else:
         lines.append("- Submit latency: skipped (no SLURM here; `make minicluster` first).")
     rs = r.get("restarts")
-    lines += ["", "## Restarts (SLURM minicluster, `python -m cluster.restart_bench`)", ""]
+    lines += ["", "## Restarts (SLURM minicluster, `python -m bench.restart_bench`)", ""]
     if rs and "error" in rs:
         lines.append(f"The measurement failed: {rs['error']}")
     elif rs:
-        from cluster.restart_bench import markdown
-
-        lines += markdown(rs)
+        lines += restart_bench.markdown(rs)
     else:
         lines.append("Skipped (no SLURM here; `make minicluster` first).")
     g = r.get("gpu")
@@ -365,9 +353,7 @@ def render_markdown(r: dict) -> str:
     sc = r.get("scaling")
     lines.append("")
     if sc and "error" not in sc:
-        from train.scaling import markdown
-
-        lines += markdown(sc, "scaling.png")
+        lines += scaling.markdown(sc, "scaling.png")
     else:
         why = sc["error"] if sc else "not run by --quick; `python -m train.bench scaling --quick` is its smoke form"
         lines += ["## Scaling study", "", f"Not in this report: {why}.", ""]
@@ -401,8 +387,6 @@ def averaging_markdown(a: dict | None) -> list[str]:
             f"| {x['strategy']} | {x['nprocs']} | {x['samples_per_s']:,.0f} | {vs_one} | {vs_ddp} | {acc} | {loss} |"
         )
     if a.get("averaging"):
-        from train.bench import format_averaging
-
         lines += ["", "```", format_averaging(a["averaging"]).strip(), "```"]
     else:
         lines += [
@@ -413,7 +397,7 @@ def averaging_markdown(a: dict | None) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="1 round, fewer steps and smaller sweeps (a smoke run)")
@@ -445,9 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     plots(result["strategies"], result["collectives"], out.parent)
     if result["scaling"] and "error" not in result["scaling"]:
-        from train.scaling import plot
-
-        plot(result["scaling"], out.parent / "scaling.png")
+        scaling.plot(result["scaling"], out.parent / "scaling.png")
     out.write_text(render_markdown(result))
     (out.parent / "benchmarks.json").write_text(json.dumps(result, indent=1))
     say(f"wrote {out} and plots")

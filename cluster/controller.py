@@ -1,6 +1,6 @@
-"""The local launcher: a job's steps on this machine, as srun would run them on one node.
+"""The local launcher's controller: a job's steps on this machine, as srun would run them on one node.
 
-``start`` spawns a controller (``python -P -m cluster.local JOB_ROOT``) in a session of its
+``start`` spawns a controller (``python -P -m cluster.launcher JOB_ROOT``) in a session of its
 own, so that it outlives the submitting command; its pid is the job id, and the job directory
 ``JOB_ROOT/<pid>`` is filled by the submitter before the controller is told to go (a line on
 its standard input). The controller runs each step of the request (``cluster.request``): every
@@ -20,25 +20,31 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cluster import paths, processes
-from cluster.plan import Plan
+from cluster import processes
+from cluster.jobdir import LAUNCH, JobDir
 from cluster.poll import WaitTimeout, wait_until
-from cluster.request import Request, substitute
-from cluster.spec import JobSpec
 from train.protocol import master_port_for_job, parse_time_limit_signal
+
+if TYPE_CHECKING:  # types only: the backends, below the spec, are handed these as data
+    from cluster.plan import Plan
+    from cluster.request import Request
+
+# The batch script's variables that the request's commands may hold (cluster.request)
+VARIABLES = ("JOB_DIR", "JOB_ID", "MASTER_ADDR", "MASTER_PORT")
 
 KILL_WAIT_S = 5.0  # SLURM's KillWait of the minicluster: SIGTERM, then SIGKILL
 
 
 def start(job_root: Path, python: str) -> subprocess.Popen:
-    """The controller, waiting for its go; its pid is the job id."""
+    """The controller (``cluster.launcher``), waiting for its go; its pid is the job id."""
     job_root.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [python, "-P", "-m", "cluster.local", str(job_root)],
+        [python, "-P", "-m", "cluster.launcher", str(job_root)],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,  # never the caller's pipe: `submit ... | tee` must not wait for the job
         stderr=subprocess.DEVNULL,
@@ -51,19 +57,50 @@ def go(controller: subprocess.Popen) -> None:
     controller.stdin.close()
 
 
-def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_id: str, python: str) -> dict:
-    """What the controller runs: each step's tasks on every node (``node``: which node's launcher
-    starts it), with their commands, environments and logs. The rendezvous is this machine
-    (cluster=local) or the first node's container (cluster=docker)."""
-    master = "127.0.0.1" if spec.cluster == "local" else plan.ranks[0].host
+def submit(job_root: Path, python: str, files: dict[str, str], launch: Callable[[JobDir, str], dict]) -> JobDir:
+    """Start a controller, write the job's files and its launch file (``launch(job_dir,
+    job_id)``: launch.json's record), then tell the controller to go. The job directory is
+    complete before anything in it runs."""
+    spawned = start(job_root, python)
+    job_dir = JobDir(job_root / str(spawned.pid))
+    job_dir.write({**files, LAUNCH: json.dumps(launch(job_dir, str(spawned.pid)), indent=1)})
+    go(spawned)
+    return job_dir
+
+
+def steps_text(request: Request) -> list[str]:
+    """What each step's tasks run ($JOB_DIR and $JOB_ID are set at submission)."""
+    lines = []
+    for step in request.steps:
+        lines.append(f"# step {step.name}: {step.tasks_per_node} task(s) per node; $JOB_DIR is runs/<name>/<job id>")
+        lines.append(shlex.join(step.command))
+    return lines
+
+
+def alive(job_id: str) -> bool:
+    """Whether the controller of job ``job_id`` (its pid) still runs."""
+    return job_id.isdigit() and "cluster.launcher" in processes.command_line(int(job_id))
+
+
+def substitute(word: str, values: dict[str, str]) -> str:
+    """The batch script's variables in a command word."""
+    for name in VARIABLES:
+        word = word.replace(f"${name}", values[name])
+    return word
+
+
+def tasks(request: Request, plan: Plan, job_dir: JobDir, job_id: str, master: str) -> list[dict]:
+    """What srun would start for each step, on every node: each task's node, command (the
+    batch script's variables filled in, the spec's setup lines run first in its shell, as in
+    the script), environment (torchrun's, for a step of one task per rank) and log. Pure."""
     values = {"JOB_DIR": str(job_dir), "JOB_ID": job_id, "MASTER_ADDR": master,
               "MASTER_PORT": str(master_port_for_job(job_id))}  # fmt: skip
     steps = []
     for step in request.steps:
         command = [substitute(w, values) for w in step.command]
-        if request.setup:  # the spec's setup lines run in each task's shell, as in the batch script
+        if request.setup:
             command = ["bash", "-c", "\n".join([*request.setup, 'exec "$@"']), "bash", *command]
-        tasks = []
+        per_node = []
         for node in range(plan.nodes):
             for task in range(step.tasks_per_node):
                 env = {**dict(request.env), "KIT_JOB_ID": job_id, "MASTER_ADDR": master,
@@ -75,16 +112,23 @@ def launch_file(spec: JobSpec, plan: Plan, request: Request, job_dir: Path, job_
                                WORLD_SIZE=str(plan.world_size), LOCAL_WORLD_SIZE=str(plan.tasks_per_node))  # fmt: skip
                 # As planned; without GPUs in the plan, the machine's own are hidden.
                 env["CUDA_VISIBLE_DEVICES"] = slot.visible_devices
-                task_id = f"{node * step.tasks_per_node + task:05d}"  # srun's %t: the task's number in the step
-                log = str(job_dir / step.output.replace("%5t", task_id).replace("${ATTEMPT_SUFFIX}", ""))
-                tasks.append({"node": node, "command": command, "env": env, "log": log})
-        steps.append({"name": step.name, "tasks": tasks})
-    signal_before_s = parse_time_limit_signal(spec.signal)[1] if spec.rank_signal else 0
+                log = job_dir.task_log(step.log, node * step.tasks_per_node + task)  # srun's %t: the task's number
+                per_node.append({"node": node, "command": command, "env": env, "log": str(log)})
+        steps.append({"name": step.name, "tasks": per_node})
+    return steps
+
+
+def launch_record(request: Request, plan: Plan, job_dir: JobDir, job_id: str, python: str, master: str) -> dict:
+    """What the controller runs (launch.json): each step's tasks on every node (``node``: which
+    node's launcher starts it), as ``tasks`` expands them; the time limit and
+    the ranks' time-limit signal. ``master``: the rendezvous host (this machine, or the first
+    node's container)."""
+    signal_at = [request.rank_signal, request.signal_before_s] if request.rank_signal else None
     return {
-        "cluster": spec.cluster,
-        "steps": steps,
-        "time_limit_s": spec.time_minutes * 60,
-        "time_limit_signal": [spec.rank_signal, signal_before_s] if spec.rank_signal else None,
+        "units": "processes",
+        "steps": tasks(request, plan, job_dir, job_id, master),
+        "time_limit_s": request.time_limit_s,
+        "time_limit_signal": signal_at,
         "cwd": os.getcwd(),
         "python": python,
     }
@@ -102,8 +146,9 @@ class Controller:
     poll_s = 0.1
     unit_name = "task"
 
-    def __init__(self, launch: dict, node: int = 0):
+    def __init__(self, launch: dict, job_dir: JobDir | None = None, node: int = 0):
         self.launch = launch
+        self.job_dir = job_dir
         self.node = node
         self.deadline = time.monotonic() + launch["time_limit_s"]
         name, before_s = launch.get("time_limit_signal") or (None, 0)
@@ -201,40 +246,3 @@ class Controller:
                 if code:
                     return code
         return 0
-
-
-def main(argv: list[str]) -> int:
-    """``cluster.local JOB_ROOT``: the job's controller (started by ``start``, told to go);
-    ``cluster.local --node N --step NAME JOB_DIR``: one node's tasks of one step, inside that
-    node's container (cluster=docker), its account on standard output."""
-    if argv[0] == "--node":
-        node, step, job_dir = int(argv[1]), argv[3], Path(argv[4])
-        controller = Controller(json.loads((job_dir / paths.LAUNCH).read_text()), node)
-        return controller.run(only_step=step)
-    job_root = Path(argv[0])
-    if sys.stdin.readline().strip() != "go":  # the submitter died before the job was written
-        return 1
-    job_dir = paths.job_dir(job_root.parent, job_root.name, str(os.getpid()))
-    fd = os.open(job_dir / paths.CONTROLLER_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    launch = json.loads((job_dir / paths.LAUNCH).read_text())
-    if launch["cluster"] == "docker":
-        from cluster.containers import ContainerController
-
-        controller = ContainerController(launch, job_dir)
-    else:
-        controller = Controller(launch)
-    try:
-        code = controller.run()
-    except Exception as exc:  # the engine refused a container (a GPU it cannot give, ...): said, not raised
-        controller.say(f"the job could not go on: {type(exc).__name__}: {exc}")
-        code = 1
-    finally:
-        controller.clean_up()
-    controller.say(f"job ended: exit {code}")
-    return code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """Synthetic job directories, shaped exactly like real ones, for the log inspector's tests
-and its speed benchmark: a crash with its cascade, a hung (silent) rank, a straggler.
+and its speed benchmark (``bench/report.py``): a crash with its cascade, a hung (silent) rank, a straggler.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from cluster import paths
+from cluster.jobdir import JobDir
 
 START = time.mktime((2026, 1, 1, 12, 0, 0, 0, 0, -1))
 
@@ -35,7 +35,7 @@ def make_job(
         "ranks": [{"rank": r, "node": r // tasks_per_node, "host": f"node{r // tasks_per_node}",
                    "local_rank": r % tasks_per_node, "gpu": r % tasks_per_node} for r in range(world)],
     }  # fmt: skip
-    (job_dir / paths.PLAN).write_text(json.dumps(plan))
+    JobDir(job_dir).plan_file.write_text(json.dumps(plan))
     end = START + lines
     for rank in range(world):
         ms = 15.0 if rank == slow_rank else 10.0
@@ -55,7 +55,7 @@ def make_job(
                 f'{stamp(end + 2)}  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/c10d.py", line 9, in all_reduce\n'
                 f"{stamp(end + 2)}RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.1]:29500\n"
             )
-        (job_dir / paths.rank_log(job_dir, rank).name).write_text("".join(out))
+        JobDir(job_dir).rank_log(rank).write_text("".join(out))
         records = [
             {
                 "event": "start",
@@ -70,5 +70,5 @@ def make_job(
                     for s in range(step_every, stop, step_every)]  # fmt: skip
         if crash_rank is None and rank != silent_rank:
             records[-1]["final"] = True
-        (job_dir / paths.rank_records(job_dir, rank).name).write_text("".join(json.dumps(r) + "\n" for r in records))
+        JobDir(job_dir).records_file(rank).write_text("".join(json.dumps(r) + "\n" for r in records))
     return job_dir

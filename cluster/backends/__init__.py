@@ -1,0 +1,79 @@
+"""Where a job runs: the registry of backends, chosen once.
+
+After the request (``cluster.request``), every question about a job that only its scheduler
+can answer goes to its backend (``cluster.backends.base.Backend``): what would run, submitting
+it, its state, cancelling it, signalling its ranks, native stacks. The backend is chosen
+here: from the spec's ``cluster`` at submission (``get``) and from the job directory
+afterwards (``of``: plan.json records which backend ran the job). Adding a backend is one
+module that subclasses ``Backend`` and one line in ``BACKENDS`` (docs/backends.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cluster.backends.base import Backend, NeverStarts, Say, State
+from cluster.backends.docker import DockerBackend
+from cluster.backends.local import LocalBackend
+from cluster.backends.slurm import SlurmBackend
+from cluster.jobdir import JobDir
+from train.config import ConfigError
+
+BACKENDS: dict[str, Backend] = {"slurm": SlurmBackend(), "local": LocalBackend(), "docker": DockerBackend()}
+
+
+def get(name: str) -> Backend:
+    """The backend of a spec's ``cluster``; bad input (exit 2) for a name none has."""
+    if name not in BACKENDS:
+        raise ConfigError("cluster", f"{name!r} is no backend: one of {', '.join(sorted(BACKENDS))}")
+    return BACKENDS[name]
+
+
+def of(job: JobDir) -> Backend | None:
+    """The backend that ran a job, as its directory records it; None where it does not say."""
+    name = job.backend_name
+    return BACKENDS.get(name) if name else None
+
+
+@dataclass
+class JobRef:
+    """A submitted job: its directory and its backend."""
+
+    job_dir: JobDir
+    backend: Backend
+
+    @classmethod
+    def of(cls, job_dir: JobDir) -> JobRef:
+        backend = of(job_dir)
+        if backend is None:
+            raise ConfigError(str(job_dir), "no plan.json naming its backend: not a job directory of the kit")
+        return cls(job_dir, backend)
+
+    @property
+    def job_id(self) -> str:
+        return self.job_dir.job_id
+
+    def state(self) -> State:
+        return self.backend.state(self.job_dir)
+
+    def done(self) -> bool:
+        return self.state().ended
+
+    def done_saying_why_pending(self, say: Say) -> Callable[[], bool]:
+        """``done`` for a polling loop that also says why the scheduler has not started the
+        job, each time the reason changes; a reason that means it never will ends the wait
+        with :class:`NeverStarts`."""
+        said = None
+
+        def done() -> bool:
+            nonlocal said
+            state = self.state()
+            if state.reason and state.reason != said:
+                say(f"job {self.job_id} is pending: {state.reason}")
+            said = state.reason
+            if state.never_starts:
+                raise NeverStarts(f"job {self.job_id} will not start as submitted: {state.reason}")
+            return state.ended
+
+        return done

@@ -1,0 +1,119 @@
+"""The backend interface: what every place a job can run answers (``cluster.backends``
+holds the registry). TorchX's ``Scheduler`` is the model.
+
+A backend module imports neither another backend nor the spec, plan or request modules
+(it is handed them as data): the spec asks its backend to check it, and the plan asks it
+where nodes are.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from cluster.jobdir import JobDir
+from train.config import ConfigError
+
+if TYPE_CHECKING:  # types only: these modules import this one
+    from cluster.plan import Plan
+    from cluster.request import Request
+    from cluster.spec import JobSpec
+
+Say = Callable[[str], None]
+
+# The one table of scheduler states: each word a backend reports (SLURM's JobState from
+# scontrol; the local launcher's RUNNING and ENDED) is "waiting" (not started, or back in the
+# queue), "running" (processes may be alive, COMPLETING included) or "ended".
+STATES = {
+    **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"), "waiting"),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"), "running"),
+    **dict.fromkeys(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                     "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED", "ENDED"), "ended"),
+}  # fmt: skip
+TERMINAL = tuple(state for state, kind in STATES.items() if kind == "ended")
+
+
+@dataclass(frozen=True)
+class State:
+    """A job's state as its backend reports it."""
+
+    name: str | None  # the scheduler's word (PENDING, RUNNING, COMPLETED, ENDED ...); None: it forgot the job
+    reason: str | None = None  # why a pending job waits, in words
+    never_starts: bool = False  # pending for a reason no waiting removes (the request must change)
+    known: bool = True  # False: the scheduler could not be asked (a job directory copied from elsewhere)
+
+    @property
+    def kind(self) -> str:
+        """waiting, running or ended (a forgotten job has ended); unknown when not known or
+        a word the table lacks (counted as not over)."""
+        if not self.known:
+            return "unknown"
+        return "ended" if self.name is None else STATES.get(self.name.split()[0], "unknown")
+
+    @property
+    def ended(self) -> bool:
+        return self.kind == "ended"
+
+
+class NeverStarts(RuntimeError):
+    """The scheduler keeps the job pending for a reason that no waiting removes."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What every backend is handed to run a job: the one request and everything derived from it."""
+
+    request: Request
+    plan: Plan
+    script: str  # the rendered sbatch script: what SLURM gets, and the others' equivalent
+    files: dict[str, str]  # the job directory's files (cluster.request.job_files)
+    job_root: Path  # <log_dir>/<name>: the job directory is job_root/<job id>
+    python: str  # the interpreter on the nodes
+
+
+class Backend:
+    """One place jobs run. Subclasses set ``name`` and implement every method."""
+
+    name: ClassVar[str]
+    in_image: ClassVar[bool] = False  # the nodes run the spec's container.image themselves
+    restarts: ClassVar[bool] = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
+
+    def check(self, spec: JobSpec) -> None:
+        """Refuse (ConfigError naming the key) what this backend cannot run; called by the spec's validation."""
+        for key in ("restarts", "spare_nodes", "min_nodes"):
+            if getattr(spec, key) and not self.restarts:
+                raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.name}")
+
+    def host(self, node: int) -> str:
+        """Node ``node``'s host name as the plan shows it ("<node3>": known at run time)."""
+        return f"<node{node}>"
+
+    def master_addr(self) -> str | None:
+        """The rendezvous as the plan shows it; None: the allocation's first node, at run time."""
+        return None
+
+    def dry_run(self, job: Submission) -> str:
+        """What submitting would do, ending with the script (or its sbatch equivalent); starts nothing."""
+        raise NotImplementedError
+
+    def submit(self, job: Submission) -> JobDir:
+        """Start the job; its directory (named by the job id) holds ``job.files``."""
+        raise NotImplementedError
+
+    def state(self, job: JobDir) -> State:
+        raise NotImplementedError
+
+    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
+        """End every process of the job: politely, then SIGKILL after ``grace_s``, saying so."""
+        raise NotImplementedError
+
+    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
+        """Send ``sig`` to every rank of a running job (``pids_by_host``: the pids its start records name)."""
+        raise NotImplementedError
+
+    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
+        """py-spy's dump with native frames of one rank, or why there is none."""
+        raise NotImplementedError

@@ -1,0 +1,88 @@
+"""cluster=docker: one container per node on this machine, through the Docker SDK
+(``cluster.containers``), watched by the local launcher's controller; the job id is the
+controller's pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from cluster import containers, controller
+from cluster.backends.base import Backend, Say, State, Submission
+from cluster.jobdir import JobDir
+from cluster.poll import WaitTimeout, wait_until
+from train.config import ConfigError
+
+
+class DockerBackend(Backend):
+    name = "docker"
+    in_image = True
+
+    def check(self, spec) -> None:
+        super().check(spec)
+        if not spec.container.image:
+            raise ConfigError(
+                "container.image",
+                "cluster=docker runs every node in container.image: set it (the kit's image: `make build`, "
+                "then container.image=torch-cluster-kit:latest)",
+            )
+
+    def host(self, node: int) -> str:
+        return f"node{node}"  # the node's container, named so on the job's network
+
+    def master_addr(self) -> str:
+        return "node0 (the first node's container)"
+
+    def dry_run(self, job: Submission) -> str:
+        lines = [
+            "# --- what cluster=docker would create through the Docker SDK (nothing was started) ---",
+            "# $JOB_DIR is runs/<name>/<job id>; the job id is the pid of the controller on this machine",
+            *containers.describe(job.plan, job.request, job.python),
+            "# --- what each node's launcher runs for its tasks ---",
+            *controller.steps_text(job.request),
+            "",
+            "# --- the equivalent sbatch script ---",
+        ]
+        return "\n".join(lines) + "\n" + job.script
+
+    def submit(self, job: Submission) -> JobDir:
+        containers.check(job.request, job.plan, containers.host_gpus())
+        master = job.plan.ranks[0].host
+
+        def launch(job_dir: JobDir, job_id: str) -> dict:
+            record = controller.launch_record(job.request, job.plan, job_dir, job_id, job.python, master)
+            return {
+                **record,
+                "units": "containers",
+                "network": containers.network_name(job.request, job_id),
+                "containers": containers.container_configs(
+                    job.request, job.plan, job_dir.path, job_id, job.python, os.getcwd(), containers.user_ids()
+                ),
+            }
+
+        # The controller runs here, with this interpreter; the containers run the image's python.
+        # The job directory is mounted at the same path: an absolute one.
+        return controller.submit(job.job_root.resolve(), sys.executable, job.files, launch)
+
+    def state(self, job: JobDir) -> State:
+        # The ranks' pids in the records are the containers' own, not this machine's.
+        running = controller.alive(job.job_id) or containers.running(job.path)
+        return State("RUNNING" if running else "ENDED")
+
+    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
+        # The controller stops and removes the containers; what is left, we do.
+        if controller.alive(job.job_id):
+            os.kill(int(job.job_id), signal.SIGTERM)
+            try:
+                wait_until(lambda: self.state(job).ended, grace_s, f"job {job.job_id}", 0.5)
+                return
+            except WaitTimeout:
+                say(f"job {job.job_id} still running {grace_s:g} s after SIGTERM: removing its containers")
+        containers.cancel(job.path, say)  # also when its controller died: the containers are the job
+
+    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
+        containers.signal_ranks(job, pids_by_host, sig)
+
+    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
+        return "not for cluster=docker: the records hold each container's own pids (py-spy is not in the image)"

@@ -1,0 +1,78 @@
+"""cluster=local: the request's steps on this machine, run by the local launcher
+(``cluster.controller``); the job id is its controller's pid."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+from cluster import controller, processes
+from cluster.backends.base import Backend, Say, State, Submission
+from cluster.jobdir import JobDir
+from cluster.processes import native_stack
+from train.config import ConfigError
+
+MASTER = "127.0.0.1"
+
+
+def processes_of(job: JobDir) -> set[int]:
+    """The live processes of a local job: the launcher's controller (the job id), the ranks
+    its start records name (also when orphaned by a controller that died), and their children."""
+    pids = {int(job.job_id)} if controller.alive(job.job_id) else set()
+    for rank in range(job.world_size()):
+        for rec in job.records(rank):
+            pid = rec.get("pid") if rec.get("event") == "start" else None
+            # A pid from records can be reused by an unrelated process: keep only ours.
+            if pid and processes.alive(pid) and "python" in processes.command_line(pid):
+                pids.add(pid)
+    return {p for p in processes.with_descendants(pids) if processes.alive(p)}
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def check(self, spec) -> None:
+        super().check(spec)
+        if spec.nodes != 1:
+            raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {spec.nodes}")
+
+    def host(self, node: int) -> str:
+        return "localhost"
+
+    def master_addr(self) -> str:
+        return f"{MASTER} (this machine)"
+
+    def dry_run(self, job: Submission) -> str:
+        lines = [
+            "# --- what the local launcher would run (nothing was submitted) ---",
+            *controller.steps_text(job.request),
+        ]
+        return "\n".join([*lines, "", "# --- the equivalent sbatch script ---", job.script.rstrip("\n")]) + "\n"
+
+    def submit(self, job: Submission) -> JobDir:
+        def launch(job_dir: JobDir, job_id: str) -> dict:
+            return controller.launch_record(job.request, job.plan, job_dir, job_id, job.python, MASTER)
+
+        return controller.submit(job.job_root, job.python, job.files, launch)
+
+    def state(self, job: JobDir) -> State:
+        return State("RUNNING" if processes_of(job) else "ENDED")
+
+    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
+        # The controller ends its tasks (SIGTERM: each dumps its stacks; SIGKILL after its
+        # KILL_WAIT_S); without one (it died), the orphans are told directly.
+        pids = processes_of(job)
+        told = [int(job.job_id)] if int(job.job_id) in pids else pids
+        for pid in told:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        processes.kill_after(pids, grace_s, say)
+
+    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
+        for pid in (p for pids in pids_by_host.values() for p in pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
+        return native_stack(pid)

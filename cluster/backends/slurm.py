@@ -1,0 +1,110 @@
+"""cluster=slurm: ``sbatch`` of the rendered script itself, so what ``render`` prints and
+``--dry-run`` shows is exactly what SLURM receives.
+
+SLURM's own commands answer state and cancel (``scontrol``/``scancel``), since ``sacct``
+needs slurmdbd, which many clusters (and the test minicluster) lack.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+
+from cluster.backends.base import Backend, Say, State, Submission
+from cluster.jobdir import JobDir
+from cluster.poll import WaitTimeout, wait_until
+from cluster.processes import native_stack
+from train.config import ConfigError
+
+# What a pending job's Reason means for its owner (SLURM's job_reason_codes page): the
+# first ones pass by themselves; the configuration ones need a changed request.
+PENDING_REASONS = {
+    "Resources": "waiting for free nodes",
+    "Priority": "jobs of higher priority come first",
+    "Dependency": "waiting for the jobs it depends on",
+    "BeginTime": "its start time has not come",
+    "PartitionConfig": "it asks more than the partition's nodes have (CPUs, memory, GPUs, node count): "
+    "it will not start as submitted; cancel it and lower cpus_per_task, mem, gpus_per_node or nodes",
+    "PartitionNodeLimit": "more nodes than the partition allows: it will not start as submitted",
+    "PartitionTimeLimit": "a longer time than the partition allows: it will not start as submitted",
+    "BadConstraints": "no node has the requested constraint or features: it will not start as submitted",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+}
+NEVER_STARTS = {"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints"}
+
+
+def slurm_job(job_id: str) -> dict[str, str]:
+    """scontrol's fields of a job (JobState, Reason, NodeList, ...); empty when SLURM forgot it."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
+
+
+def slurm_state(job_id: str) -> str | None:
+    """PENDING, RUNNING, COMPLETED, FAILED, ... from scontrol; None when SLURM forgot the job."""
+    return slurm_job(job_id).get("JobState")
+
+
+def pending_reason(fields: dict[str, str]) -> str | None:
+    """Why SLURM has not started a pending job (``slurm_job``'s fields), in words; None when
+    it is not pending."""
+    if fields.get("JobState") != "PENDING":
+        return None
+    reason = fields.get("Reason", "None")
+    if reason == "None":  # not yet looked at by the scheduler
+        return None
+    return f"{reason} ({PENDING_REASONS[reason]})" if reason in PENDING_REASONS else reason
+
+
+def sbatch(script: str) -> str:
+    """Submit ``script`` on standard input; the job id. SLURM's refusal is bad input (exit 2)."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError(
+            "cluster", "sbatch is not on PATH: this machine is no SLURM submit host (cluster=local runs here)"
+        )
+    done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ConfigError("sbatch", f"SLURM refused the job: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().split(";")[0]
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    restarts = True
+
+    def dry_run(self, job: Submission) -> str:
+        return "# --- the script sbatch would receive (nothing was submitted) ---\n" + job.script
+
+    def submit(self, job: Submission) -> JobDir:
+        # SLURM does not create the directory of --output: without it the job dies at launch.
+        job.job_root.mkdir(parents=True, exist_ok=True)
+        job_dir = JobDir(job.job_root / sbatch(job.script))
+        job_dir.write(job.files)
+        return job_dir
+
+    def state(self, job: JobDir) -> State:
+        try:
+            fields = slurm_job(job.job_id)
+        except FileNotFoundError:  # no scontrol here: a job directory copied from elsewhere
+            return State(None, known=False)
+        reason = pending_reason(fields)
+        never = fields.get("Reason") in NEVER_STARTS and fields.get("JobState") == "PENDING"
+        return State(fields.get("JobState"), reason, never)
+
+    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
+        subprocess.run(["scancel", job.job_id], check=True)
+        try:
+            wait_until(lambda: self.state(job).ended, grace_s, f"job {job.job_id} to end", 0.5)
+        except WaitTimeout:
+            say(
+                f"job {job.job_id} still {self.state(job).name} {grace_s:g} s after scancel: sending SIGKILL to all its steps"
+            )
+            subprocess.run(["scancel", "--signal=KILL", "--full", job.job_id], check=False)
+
+    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
+        # Every task of the job's steps (scancel leaves the batch shell alone).
+        subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job.job_id], check=True)
+
+    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
+        # py-spy on the rank's node, inside the job
+        return native_stack(pid, on=["srun", f"--jobid={job.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"])

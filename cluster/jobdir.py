@@ -1,0 +1,219 @@
+"""Every file of one job, named once: ``JobDir`` (submitit's ``JobPaths`` is the model).
+
+<log_dir>/<name>/slurm-<job_id>.log        the batch script's own output (srun's messages)
+<log_dir>/<name>/<job_id>/                 the job directory
+    plan.json  job.sbatch  spec.yaml       what was planned and submitted (job.sbatch: what sbatch got);
+                                           plan.json's "cluster" names the backend that ran the job
+    launch.json  controller.log            cluster=local, docker: the launcher's steps and its account
+    train.yaml                             the training configuration every rank got
+    attempts.jsonl  guard.log              restarts: each attempt's nodes, its end, the node excluded
+    rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
+    node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
+    rank_00003.attempt1.log                the same rank after the first requeue
+    rank_00003.jsonl                       rank 3's JSON records (train.protocol)
+    preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
+    preflight_00003.attempt1.log           the same, before the first restart's training (restarts)
+    nccl_trace_rank_3                      NCCL's flight recorder of rank 3 (on a collective timeout)
+    checkpoints/                           train.ckpt_every: step_NNNNNNN/ and the latest pointer
+
+The ranks write their own files by the names in ``train.protocol``; the batch script names the
+per-task logs with srun's patterns below; everything else asks a ``JobDir``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from train.config import ConfigError
+from train.protocol import (
+    CHECKPOINTS,
+    FLIGHT_RECORDER_PREFIX,
+    log_name,
+    node_log_name,
+    preflight_log_name,
+    read_records,
+    record_name,
+)
+
+PLAN = "plan.json"
+LAUNCH = "launch.json"  # cluster=local, docker: the steps the local launcher runs
+CONTROLLER_LOG = "controller.log"  # cluster=local, docker: the local launcher's account of the job
+SCRIPT = "job.sbatch"
+SPEC = "spec.yaml"
+TRAIN_CONFIG = "train.yaml"
+ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
+GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
+# The per-task logs of a step, by kind: srun's --output pattern (%5t is the task id zero-padded
+# to 5, as log_name() writes it; ATTEMPT_SUFFIX is set by the rendered script from
+# SLURM_RESTART_COUNT or the restart loop's attempt) and the same name for one task.
+TASK_LOGS = {
+    "rank": ("rank_%5t${ATTEMPT_SUFFIX}.log", log_name),
+    "preflight": ("preflight_%5t${ATTEMPT_SUFFIX}.log", preflight_log_name),
+    # program.launcher=torchrun: node 3's torchrun agent (its workers write rank logs themselves)
+    "node": ("node_%5t${ATTEMPT_SUFFIX}.log", node_log_name),
+}
+RANK_NAME = re.compile(r"rank_(\d{5})\.")
+
+
+def job_root(log_dir: str | Path, name: str) -> Path:
+    """Where a spec's jobs go: one directory per job id, and SLURM's batch logs."""
+    return Path(log_dir) / name
+
+
+def batch_output(log_dir: str | Path, name: str, job_id: str = "%j") -> Path:
+    """The batch script's output (sbatch --output; ``%j`` is SLURM's job id pattern)."""
+    return job_root(log_dir, name) / f"slurm-{job_id}.log"
+
+
+def srun_output(kind: str) -> str:
+    """srun's --output pattern of a step's per-task logs, relative to the job directory."""
+    return TASK_LOGS[kind][0]
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """One job's directory and every file in it. ``str()`` and ``os.fspath()`` give its path."""
+
+    path: Path
+
+    def __init__(self, path: str | os.PathLike):
+        object.__setattr__(self, "path", Path(path))
+
+    @classmethod
+    def of(cls, log_dir: str | Path, name: str, job_id: str) -> JobDir:
+        return cls(job_root(log_dir, name) / str(job_id))
+
+    @classmethod
+    def find(cls, job: str, log_dir: str | Path) -> JobDir:
+        """A job directory given as a path, or by its job id under ``log_dir``; bad input
+        (exit 2) when there is none."""
+        if Path(job).is_dir():
+            return cls(job)
+        matches = sorted(Path(log_dir).glob(f"*/{job}"))
+        if not matches:
+            raise ConfigError(job, f"no job directory {job!r} (looked for {log_dir}/*/{job}; pass a path or --log-dir)")
+        return cls(matches[-1])
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def job_id(self) -> str:
+        return self.path.name
+
+    @property
+    def plan_file(self) -> Path:
+        return self.path / PLAN
+
+    def plan(self) -> dict | None:
+        """plan.json as submitted; None before it is written (or in a copied, partial directory)."""
+        return json.loads(self.plan_file.read_text()) if self.plan_file.exists() else None
+
+    @property
+    def backend_name(self) -> str | None:
+        """Which backend ran the job, as recorded at submission."""
+        return (self.plan() or {}).get("cluster")
+
+    @property
+    def spec_file(self) -> Path:
+        return self.path / SPEC
+
+    @property
+    def script(self) -> Path:
+        return self.path / SCRIPT
+
+    @property
+    def launch_file(self) -> Path:
+        return self.path / LAUNCH
+
+    def launch(self) -> dict:
+        return json.loads(self.launch_file.read_text())
+
+    @property
+    def train_config(self) -> Path:
+        return self.path / TRAIN_CONFIG
+
+    @property
+    def attempts_file(self) -> Path:
+        return self.path / ATTEMPTS
+
+    @property
+    def controller_log(self) -> Path:
+        return self.path / CONTROLLER_LOG
+
+    @property
+    def guard_log(self) -> Path:
+        return self.path / GUARD_LOG
+
+    @property
+    def batch_log(self) -> Path:
+        root = self.path.parent
+        return batch_output(root.parent, root.name, self.job_id)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    def scheduler_logs(self) -> list[Path]:
+        """What the scheduler wrote about a job's ranks, for ranks that wrote nothing themselves:
+        the local launcher's account, and the SLURM batch script's output (srun's messages)."""
+        return [self.controller_log, self.batch_log]
+
+    def names(self) -> set[str]:
+        """The directory's listing: one call instead of an exists() per file."""
+        return set(os.listdir(self.path)) if self.path.is_dir() else set()
+
+    def task_log(self, kind: str, task: int, attempt: int = 0) -> Path:
+        """A step's log of one task (``kind``: rank, preflight or node), as srun names it."""
+        return self.path / TASK_LOGS[kind][1](task, attempt)
+
+    def rank_log(self, rank: int, attempt: int = 0) -> Path:
+        return self.task_log("rank", rank, attempt)
+
+    def preflight_log(self, rank: int, attempt: int = 0) -> Path:
+        return self.task_log("preflight", rank, attempt)
+
+    def rank_logs(self, rank: int, names: set[str] | None = None) -> list[Path]:
+        """Attempt 0, 1, ... of a rank's log, those that exist (``names``: the listing, when
+        the caller has it, saves a stat per file)."""
+        names = self.names() if names is None else names
+        found = []
+        while log_name(rank, len(found)) in names:
+            found.append(self.rank_log(rank, len(found)))
+        return found
+
+    def records_file(self, rank: int) -> Path:
+        return self.path / record_name(rank)
+
+    def records(self, rank: int) -> list[dict]:
+        """Rank ``rank``'s JSON records (train.protocol); empty before it wrote any."""
+        path = self.records_file(rank)
+        return list(read_records(path)) if path.exists() else []
+
+    def world_size(self) -> int:
+        """The planned world size; without a plan, one past the highest rank with a file."""
+        if plan := self.plan():
+            return plan["world_size"]
+        numbers = [int(m.group(1)) for name in self.names() if (m := RANK_NAME.match(name))]
+        return max(numbers) + 1 if numbers else 0
+
+    def flight_recorder_files(self) -> list[Path]:
+        return sorted(self.path.glob(FLIGHT_RECORDER_PREFIX + "*"))
+
+    def write(self, files: dict[str, str]) -> None:
+        """Write the job's files, each atomically: a rank never reads half a config."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            tmp = self.path / f".{name}.tmp"
+            tmp.write_text(text)
+            tmp.replace(self.path / name)

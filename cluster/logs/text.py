@@ -1,0 +1,96 @@
+"""``cluster logs``' text report: the per-rank table, the first failure and its cascade,
+hangs, stragglers and attempts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cluster import stacks
+from cluster.attempt_history import format_attempts
+from cluster.logs.triage import Report, fmt_time
+from cluster.stacks import compress
+
+
+def format_report(report: Report, limit: int = 64) -> str:
+    head = f"{'rank':>5} {'node':>5} {'host':<14} {'gpu':>4} {'state':<10} {'step':>7} {'loss':>9} {'ms/step':>8} {'last line':>13}"
+    lines = [head]
+    shown = report.ranks
+    interesting = {r.rank for r in report.ranks if r.state != "completed" or r.straggler}
+    if len(shown) > limit:  # keep what matters: failures, stragglers, and the edges
+        shown = [r for r in report.ranks if r.rank in interesting or r.rank < 4 or r.rank >= report.world_size - 4][
+            :limit
+        ]
+    for r in shown:
+        loss = "-" if r.last_loss is None else f"{r.last_loss:.4f}"
+        ms = "-" if r.median_step_ms is None else f"{r.median_step_ms:.2f}"
+        flag = " straggler" if r.straggler else ""
+        attempts = f" ({r.attempts} attempts)" if r.attempts > 1 else ""
+        gpu = "-" if r.gpu is None else str(r.gpu)
+        node = "-" if r.node is None else str(r.node)
+        lines.append(
+            f"{r.rank:>5} {node:>5} {r.host[:14]:<14} {gpu:>4} {r.state:<10} {r.last_step or '-':>7} {loss:>9} "
+            f"{ms:>8} {fmt_time(r.last_time):>13}{flag}{attempts}"
+        )
+    if len(shown) < len(report.ranks):
+        lines.append(f"  ... {len(report.ranks) - len(shown)} more completed ranks (--json lists all)")
+    lines.append("")
+    preempted = [r for r in report.ranks if r.state == "preempted"]
+    lines.append(
+        f"world size {report.world_size}: {report.completed} completed"
+        + (f", {len(preempted)} preempted" if preempted else "")
+        + (", job running" if report.running else "")
+    )
+    if preempted:
+        lines.append(
+            f"ranks {compress([r.rank for r in preempted])} stopped at the time-limit signal after a checkpoint at "
+            f"step {max(r.last_step or 0 for r in preempted)}: the next run in this directory resumes from it"
+        )
+    retired = [r.rank for r in report.ranks if r.state == "retired"]
+    if retired:
+        lines.append(f"ranks {retired[0]}-{retired[-1]} retired: the last attempt went on with fewer nodes (min_nodes)")
+    for r in report.ranks:
+        if r.exit_crash:  # not a failure: every result of the rank was written before
+            lines.append(f"rank {r.rank} finished training, then crashed at exit: {r.exit_crash}")
+    f = report.first_failure
+    if f:
+        lines.append("")
+        lines.append(
+            f"FIRST FAILURE: rank {f['rank']} on node {f['node']} ({f['host'] or '?'}), GPU {f['gpu']}, "
+            f"at {fmt_time(f['time'])}, step {f['last_step'] or '-'}"
+        )
+        lines.append(f"  {f['error']}")
+        for frame in f["frames"][-6:]:
+            lines.append("  " + frame.replace("\n", "\n  "))
+        lines.append(f"  log: {f['log']}")
+        if report.cascade:
+            lines.append(f"cascade ({sum(len(v) for v in report.cascade.values())} ranks, consequences of the above):")
+            for label, ranks in report.cascade.items():
+                lines.append(f"  {len(ranks):>4} x {label}: ranks {compress(ranks)}")
+    if report.hang:
+        culprits = report.hang["culprits"]
+        lines.append("")
+        lines.append(
+            f"HANG: culprit rank(s) {compress(culprits)} ({report.hang['reason'] or 'see groups'})"
+            if culprits
+            else "HANG: no rank stands out (every rank stopped in the same place); see the groups"
+        )
+        lines.append("  where each rank stopped: " + stacks.describe_groups(report.hang["groups"]))
+    if report.flight_recorder and report.flight_recorder.get("behind"):
+        fr = report.flight_recorder
+        lines.append(
+            f"NCCL flight recorder: last collective #{fr['max_seq']} on most ranks; "
+            f"behind: {', '.join(f'rank {r} at #{n}' for r, n in fr['behind'].items())}"
+        )
+    if report.stragglers:
+        lines.append(
+            f"stragglers (median step time > median of all ranks + margin): ranks {compress(report.stragglers)}"
+        )
+    if report.attempts:
+        last = "completed" if report.completed == report.world_size else "running" if report.running else "ended"
+        lines += ["", *format_attempts(report.attempts, report.restarts, last)]
+    return "\n".join(lines)
+
+
+def tail(path: Path, k: int) -> list[str]:
+    with path.open(errors="replace") as f:
+        return f.readlines()[-k:]

@@ -1,0 +1,379 @@
+"""Per-rank state, the first failure and its cascade, hangs and stragglers: from each rank's
+records and the scan of its last log (``cluster.logs.scan``).
+
+The first failing rank is found by the *time* of its first error, not by its rank number:
+when one rank dies its peers fail seconds later with connection or timeout errors (the
+cascade), and a scheduler's report usually names one of those. Each log line carries a
+timestamp (``train.protocol.stamp``), so the order is visible. A rank that died without a
+traceback (SIGKILL, the OOM killer) is dated by its last line, which is earlier than its
+peers' errors. Whether the job still runs is its backend's answer (``cluster.backends``).
+"""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import re
+import signal
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from cluster import backends, stacks
+from cluster.attempt_history import restarts_used, summary
+from cluster.jobdir import ATTEMPTS, JobDir
+from cluster.logs.scan import scan_log
+from cluster.stacks import CASCADE
+from train.protocol import record_name
+
+# Jobs with at least this many ranks per CPU core are read by one process per core.
+PARALLEL_FROM = 128
+# A rank that exited 0 without one optimizer step (a script that quits when it finds no GPU).
+NO_PROGRESS = (
+    "completed without training progress: exited 0 without a single optimizer step "
+    "(set program.require_progress=false for a program that does not train)"
+)
+FAILED_STATES = ("failed", "stalled", "killed", "no_progress")
+
+
+@dataclass
+class RankReport:
+    rank: int
+    node: int | None = None
+    host: str = ""
+    gpu: object = None
+    # running, completed, failed, stalled, killed, silent, no_progress; retired: a rank the last
+    # attempt did not have (it went on with fewer nodes, spec min_nodes)
+    state: str = "unknown"
+    last_step: int | None = None
+    last_loss: float | None = None
+    median_step_ms: float | None = None
+    last_time: float | None = None
+    attempts: int = 1
+    pid: int | None = None
+    error: str | None = None
+    error_time: float | None = None
+    frames: list[str] = field(default_factory=list)
+    exit_crash: str | None = None  # completed its training, then crashed at exit (this line)
+    cascade: bool = False
+    straggler: bool = False
+    log: str = ""
+    step_times: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ms/step, record time)
+
+
+@dataclass
+class Report:
+    job_dir: str
+    world_size: int
+    ranks: list[RankReport]
+    first_failure: dict | None
+    cascade: dict[str, list[int]]
+    stragglers: list[int]
+    running: bool
+    hang: dict | None = None
+    flight_recorder: dict | None = None
+    attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.attempts.summary
+    restarts: int = 0
+
+    @property
+    def completed(self) -> int:
+        return sum(r.state == "completed" for r in self.ranks)
+
+    @property
+    def failed(self) -> bool:
+        return any(r.state in FAILED_STATES for r in self.ranks)
+
+    def to_json(self) -> dict:
+        ranks = []
+        for r in self.ranks:
+            d = asdict(r)
+            d.pop("step_times")
+            ranks.append(d)
+        return {
+            "job_dir": self.job_dir,
+            "world_size": self.world_size,
+            "completed": self.completed,
+            "running": self.running,
+            "ranks": ranks,
+            "first_failure": self.first_failure,
+            "cascade": self.cascade,
+            "stragglers": self.stragglers,
+            "hang": self.hang,
+            "flight_recorder": self.flight_recorder,
+            "attempts": self.attempts,
+            "restarts": {"allowed": self.restarts, "used": restarts_used(self.attempts)},
+        }
+
+
+def job_is_running(job_dir: JobDir) -> bool | None:
+    """Its backend's answer (None: unknown, or no backend recorded)."""
+    backend = backends.of(job_dir)
+    state = backend.state(job_dir) if backend else None
+    return None if state is None or state.kind == "unknown" else not state.ended
+
+
+def inspect(
+    job_dir: str | Path | JobDir,
+    running: bool | None = None,
+    silent_after_s: float = 300.0,
+    straggler_margin: float = 0.2,
+    now: float | None = None,
+) -> Report:
+    job_dir = JobDir(job_dir)
+    plan = job_dir.plan()
+    if running is None:
+        running = job_is_running(job_dir)
+    now = time.time() if now is None else now
+    world = job_dir.world_size()
+    slots = {r["rank"]: r for r in plan["ranks"]} if plan else {}
+    names = job_dir.names()
+    ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
+    program = (plan or {}).get("program") or {}
+    require_progress = bool(program.get("require_progress"))
+    killed_by = "" if running else scheduler_kill(job_dir, plan)
+    rank_state = functools.partial(
+        rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by
+    )
+    workers = min(os.cpu_count() or 1, world // PARALLEL_FROM)
+    reports = None
+    if workers > 1:  # byte scans and JSON parsing hold the GIL: processes, not threads
+        chunks = [ranks[i * world // workers : (i + 1) * world // workers] for i in range(workers)]
+        try:
+            with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
+                others = pool.map(rank_state, chunks[1:])
+                reports = rank_state(chunks[0]) + [r for part in others for r in part]  # this process reads too
+        except OSError:  # no working semaphores (a container without /dev/shm): read them here
+            reports = None
+    if reports is None:
+        reports = rank_state(ranks)
+    attempts = summary(job_dir) if ATTEMPTS in names else []
+    if attempts and plan:  # min_nodes: the last attempt ran on fewer nodes than planned
+        world = len(attempts[-1]["nodes"]) * plan["tasks_per_node"]
+        for r in reports[world:]:
+            r.state, r.error, r.error_time, r.frames = "retired", None, None, []
+    hang = find_hang(reports)
+    first, cascade = triage(reports, hang)
+    # Retired ranks' step times are of a larger world's: no peers to compare them with.
+    stragglers = find_stragglers([r for r in reports if r.state != "retired"], straggler_margin)
+    recorder = stacks.flight_recorder(job_dir.flight_recorder_files())
+    report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder, attempts)
+    report.restarts = (plan or {}).get("restarts", 0)
+    return report
+
+
+def rank_reports(
+    job_dir: JobDir,
+    names: set[str],
+    running: bool,
+    now: float,
+    silent_after_s: float,
+    require_progress: bool,
+    killed_by: str,
+    ranks: list[tuple[int, dict]],
+) -> list[RankReport]:
+    """Each rank's state from its records and its last log (one worker's share of ``inspect``)."""
+    reports = []
+    for rank, slot in ranks:
+        rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
+        final, end, preempted, trained = False, None, None, False
+        if record_name(rank) in names:
+            records = job_dir.records(rank)
+            starts = [i for i, rec in enumerate(records) if rec.get("event") == "start"]
+            if starts:  # the last attempt's identity; its steps decide whether it finished
+                env = records[starts[-1]].get("env", {})
+                rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
+                rep.pid = records[starts[-1]].get("pid")
+            steps = [rec for rec in records if rec.get("event") == "step"]
+            rep.step_times = [
+                (rec["step"], rec["step_ms"], rec.get("time", 0.0)) for rec in steps if rec.get("step_ms") is not None
+            ]
+            attempt = records[starts[-1] if starts else 0 :]
+            last = [rec for rec in attempt if rec.get("event") == "step"]
+            if steps:
+                rep.last_step, rep.last_loss = (
+                    steps[-1]["step"],
+                    steps[-1].get("local_loss", steps[-1].get("train_loss")),
+                )
+            # The built-in trainer's last step record says final; a user's program has an end record.
+            end = next((rec for rec in reversed(attempt) if rec.get("event") == "end"), None)
+            final = bool(last and last[-1].get("final")) or bool(end and end.get("exit_code") == 0)
+            preempted = next((rec for rec in attempt if rec.get("event") == "preempted"), None)
+            trained = any(rec.get("event") in ("first_step", "step") for rec in attempt)
+            rep.last_time = max((rec.get("time", 0) for rec in records), default=0) or None
+        logs = job_dir.rank_logs(rank, names)
+        rep.attempts = max(1, len(logs))
+        scan = scan_log(logs[-1] if logs else None, completed=final)
+        rep.log = str(logs[-1]) if logs else ""
+        if scan["last_time"]:
+            rep.last_time = max(rep.last_time or 0, scan["last_time"])
+        if rep.step_times:
+            rep.median_step_ms = statistics.median(ms for _, ms, _ in rep.step_times)
+        rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
+        rep.exit_crash = scan["exit_crash"]
+        if final and end is not None and end.get("steps") == 0 and require_progress:
+            rep.state = "no_progress"
+            rep.error = NO_PROGRESS
+            rep.error_time = rep.last_time
+        elif final:
+            rep.state = "completed"
+        elif preempted is not None:  # the time-limit signal: saved and stopped, to be resumed
+            rep.state = "preempted"
+        elif rep.error or (end is not None and end.get("exit_code")):
+            rep.state = "failed"
+            rep.error = rep.error or f"exited with code {end['exit_code']} without a traceback"
+            rep.error_time = rep.error_time or rep.last_time
+        elif scan["stalled"]:
+            rep.state = "stalled"
+            rep.error = (
+                f"stall watchdog: no step completed in time ({scan['stalled']})"
+                if trained
+                else f"start-up limit: no first optimizer step in time ({scan['stalled']})"
+            )
+            rep.error_time = rep.last_time
+        elif running and rep.last_time and now - rep.last_time > silent_after_s:
+            rep.state = "silent"
+            rep.frames = scan.get("dump_frames", [])
+        elif running:
+            rep.state = "running"
+        else:
+            rep.state = "killed"
+            if not logs and rep.last_time is None:  # cancelled while pending, or died starting up
+                rep.error, rep.log = scheduler_says(job_dir)
+            else:
+                rep.error = killed_by or scan["signal"] or "ended without an error message (killed by a signal?)"
+                # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
+                # dates the end, after the error of a peer that made the launcher kill it.
+                rep.last_time = max(rep.last_time or 0, scan["mtime"] or 0) or None
+            rep.error_time = rep.last_time
+            rep.frames = scan.get("dump_frames", [])
+        reports.append(rep)
+    return reports
+
+
+def scheduler_kill(job_dir: JobDir, plan: dict | None) -> str:
+    """Why the scheduler ended the job's ranks, where its log says so: the time limit, or a
+    signal that killed them (srun: "tasks 2-3: User defined signal 1"), named, and said to be
+    the spec's time-limit signal when it is. "" when its log says neither."""
+    text = ""
+    for path in job_dir.scheduler_logs():
+        if path.exists():
+            text += path.read_text(errors="replace")[-65536:]
+    if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
+        return "killed at the job's time limit"
+    spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
+    for sig in signal.Signals:
+        words = signal.strsignal(sig)
+        if words and re.search(rf"tasks? [\d\-,]+: {re.escape(words)}$", text, re.M):
+            name = sig.name.removeprefix("SIG")
+            why = (
+                "the spec's time-limit signal; the program has no handler" if name == spec_signal else "sent to the job"
+            )
+            return f"killed by {sig.name}: {why}"
+    return ""
+
+
+def scheduler_says(job_dir: JobDir) -> tuple[str, str]:
+    """(error, file) for a rank with no log of its own, from what the scheduler wrote."""
+    for path in job_dir.scheduler_logs():
+        scan = scan_log(path)
+        if scan["error"] or scan["signal"]:
+            return f"no rank log; {path.name} says: {scan['error'] or scan['signal']}", str(path)
+    return "never started: no log and no records", ""
+
+
+def find_hang(reports: list[RankReport]) -> dict | None:
+    """The hang verdict (cluster.stacks) when a rank stalled or an error says hang."""
+    ended = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent")]  # no_progress is no hang
+    errors = {r.rank: r.error for r in ended if r.error and r.state == "failed"}  # exceptions only
+    if not any(r.state == "stalled" for r in ended) and not any(stacks.HANG_ERROR.search(e) for e in errors.values()):
+        return None
+    found = {r.rank: stacks.last_stack(Path(r.log)) for r in ended if r.log}
+    # A rank the launcher killed (fail-fast, after the first watchdog) while it was already
+    # handling a peer's failure shows no place of the hang; its cascade error, if it printed
+    # one, still says it was waiting.
+    teardown = {k for k, v in found.items() if v is not None and v.kind == "dump" and v.in_teardown()}
+    evidence = {
+        k: v for k, v in found.items() if v is not None and (k not in teardown or CASCADE.search(errors.get(k, "")))
+    }
+    return stacks.classify(evidence, errors)
+
+
+def triage(reports: list[RankReport], hang: dict | None = None) -> tuple[dict | None, dict[str, list[int]]]:
+    """The first failure by time (in a hang: its culprit); the other ranks' errors grouped
+    as its cascade."""
+    culprits = set(hang["culprits"]) if hang else set()
+    candidates = [r for r in reports if r.state in (*FAILED_STATES, "silent") or r.rank in culprits]
+    if not candidates:
+        return None, {}
+
+    def key(r: RankReport):
+        # Root causes before cascade errors; then by time; a silent rank by its lowest step.
+        is_cascade = bool(r.error and CASCADE.search(r.error)) and r.state == "failed"
+        when = r.error_time or r.last_time or float("inf")
+        return (r.rank not in culprits, is_cascade, when, r.last_step or 0, r.rank)
+
+    candidates.sort(key=key)
+    first = candidates[0]
+    cascade: dict[str, list[int]] = {}
+    for r in candidates[1:]:
+        r.cascade = True
+        label = summarize_error(r)
+        cascade.setdefault(label, []).append(r.rank)
+    if first.rank in culprits:
+        first.error, first.frames = hang_error(first, hang)
+    failure = {
+        "rank": first.rank,
+        "node": first.node,
+        "host": first.host,
+        "gpu": first.gpu,
+        "state": first.state,
+        "error": first.error or f"silent since {fmt_time(first.last_time)} (hung?)",
+        "time": first.error_time or first.last_time,
+        "frames": first.frames,
+        "last_step": first.last_step,
+        "log": first.log,
+    }
+    return failure, {label: sorted(ranks) for label, ranks in cascade.items()}
+
+
+def hang_error(r: RankReport, hang: dict) -> tuple[str, list[str]]:
+    """The culprit's error line and its stack (outermost first, like a traceback)."""
+    stack = stacks.last_stack(Path(r.log)) if r.log else None
+    where = stack.where() if stack else f"({r.state}, no stack in its log yet)"
+    error = f"hang: rank {r.rank} {where}"
+    if hang.get("message"):
+        error += f"; torch: {hang['message']}"
+    elif hang.get("reason"):
+        error += f" ({hang['reason']})"
+    frames = [f.label() for f in reversed(stack.frames) if f.project] if stack else r.frames
+    return error, frames
+
+
+def summarize_error(r: RankReport) -> str:
+    if r.state == "stalled":
+        return "stall watchdog fired"
+    if r.state == "silent":
+        return "silent (waiting for the failed rank?)"
+    text = r.error or r.state
+    m = stacks.DETAIL_LABEL.search(text) or CASCADE.search(text)
+    return m.group(0) if m else text[:120]
+
+
+def find_stragglers(reports: list[RankReport], margin: float) -> list[int]:
+    medians = [r.median_step_ms for r in reports if r.median_step_ms]
+    if len(medians) < 2:
+        return []
+    overall = statistics.median(medians)
+    out = []
+    for r in reports:
+        if r.median_step_ms and r.median_step_ms > overall * (1 + margin):
+            r.straggler = True
+            out.append(r.rank)
+    return out
+
+
+def fmt_time(t: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}" if t else "-"
