@@ -29,10 +29,11 @@ from cluster.plan import make_plan
 from cluster.spec import JobSpec
 from tests.support.synthetic import make_job
 from train import scaling
-from train.bench import format_averaging, run_ranks
+from train.bench import format_averaging
 from train.config import as_overrides, load
 from train.model import flops_per_sample
 from train.protocol import read_records
+from train.runs import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

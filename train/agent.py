@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
                     "from the scheduler; the agent runs on\n".encode())  # fmt: skip
 
     signal.signal(sig, handler)
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.run import main as torchrun  # after the handler: torch takes seconds to import
 
     torchrun(args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun)
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,13 +26,14 @@ import torch
 
 from train.config import Config, ConfigError, TrainConfig, load
 from train.data import ShardedSampler, make_dataset
-from train.dist_env import DistEnv, free_port
+from train.dist_env import DistEnv
 from train.hangs import StallWatchdog
 from train.loop import run
 from train.model import build_mlp, parameter_count
 from train.parallel.mesh import SINGLE_PROCESS
-from train.protocol import read_records, record_name
-from train.scaling import FIT_FILE, RUN_DIR
+from train.runs import launch, machine, run_ranks
+from train.scaling import FIT_FILE, RUN_DIR, averaging_break_even
+from train.scaling import main as scaling_main
 
 
 def minimal_loop(cfg: Config, steps: int) -> float:
@@ -67,11 +66,6 @@ def bench_config(strategy: str, steps: int, run_dir: str, overrides: list[str]) 
         f"train.run_dir={run_dir}",
         *overrides,
     ]
-
-
-def step_records(run_dir: Path, nprocs: int) -> list[list[dict]]:
-    """Every rank's step records, in order."""
-    return [[r for r in read_records(run_dir / record_name(rank)) if r["event"] == "step"] for rank in range(nprocs)]
 
 
 # The averaging intervals a plain "param_avg" contender stands for: every step (equal to ddp's
@@ -117,26 +111,6 @@ def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s
     return {"progress_us": progress_s * 1e6, "rearm_us": arm_s * 1e6, "percent_of_step": 100 * per_step / step_s}
 
 
-def run_ranks(nprocs: int, module_args: list[str], threads: int | None = None) -> str:
-    """``python -m <module_args>`` in ``nprocs`` fresh processes (under torchrun when more than
-    one), each with ``threads`` intra-op threads when given; their standard output."""
-    cmd = [sys.executable]
-    if nprocs > 1:
-        cmd += ["-m", "torch.distributed.run", f"--nproc-per-node={nprocs}", f"--master-port={free_port()}"]
-    cmd += ["-m", *module_args]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(module_args)} x{nprocs} failed:\n{done.stderr[-3000:]}")
-    return done.stdout
-
-
-def launch(nprocs: int, args: list[str], run_dir: Path, threads: int | None = None) -> list[list[dict]]:
-    """Train in ``nprocs`` fresh processes; every rank's step records."""
-    run_ranks(nprocs, ["train", *args, f"train.run_dir={run_dir}"], threads)
-    return step_records(run_dir, nprocs)
-
-
 def allreduce_ms(nbytes: int, nprocs: int) -> float:
     """One all_reduce of ``nbytes`` on ``nprocs`` fresh ranks, timed by train.collectives."""
     out = run_ranks(nprocs, ["train.collectives", "--json", f"--min-bytes={nbytes}", f"--max-bytes={nbytes}"])
@@ -148,8 +122,6 @@ def averaging_check(result: dict, fit: dict, overrides: list[str], nprocs: int) 
     (train.scaling.averaging_break_even), checked against the measured rows: for each K tried,
     did the ranks beat one rank where the model said they would? None without a ``single``
     contender and a param_avg one."""
-    from train.scaling import averaging_break_even
-
     one = next((r for r in result["runs"] if r["strategy"] == "single"), None)
     averaged = [r for r in result["runs"] if parse_label(r["strategy"])[0] == "param_avg"]
     if one is None or not averaged or nprocs < 2:
@@ -237,17 +209,6 @@ def spread(values: list[float]) -> float:
     return (q3 - q1) / 2 / statistics.median(values)
 
 
-def machine() -> dict:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
 def format_averaging(a: dict) -> str:
     lines = [
         f"\ncost model (train.scaling): one rank {a['one_rank_ms']:.3f} ms/step; each of the ranks "
@@ -273,8 +234,6 @@ def ratio(result: dict, a: str, b: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["scaling"]:  # the scaling study: its own options (train/scaling.py)
-        from train.scaling import main as scaling_main
-
         return scaling_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m train.bench",

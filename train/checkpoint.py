@@ -95,7 +95,7 @@ def latest(ckpt_dir: Path) -> Path | None:
 
 
 def _options():
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.checkpoint.state_dict import StateDictOptions  # heavy: imported when used
 
     # Optimizer state keyed per parameter name ("param_groups.<fqn>.lr"), not per group index:
     # pipeline stages hold different parameters, and DCP would otherwise deduplicate their
@@ -105,7 +105,7 @@ def _options():
 
 def _state_dicts(trainable: Trainable) -> dict:
     """What DCP saves: the model, and the optimizer unless each rank saves its shard."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict  # heavy: on use
 
     if trainable.optimizer_shard is not None:
         return {"model": get_model_state_dict(_model(trainable), options=_options())}
@@ -133,6 +133,7 @@ def load(path: Path, trainable: Trainable, scaler, tp: int = 1) -> int:
     momentum bitwise equal to the saved ones, takes its first step right, and from the second
     step on drifts (1.9e-3 after 20 steps with momentum 0.9; none with momentum 0): its
     optimizer state does not carry on. tp=4 to 2, and 1 to 4, are right (3e-8 to 5e-8)."""
+    # heavy: imported when used (a run that never resumes never pays for it)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 

@@ -132,7 +132,7 @@ def _tasks_per_node(env: Mapping[str, str], node: int) -> int:
 def _pick_device(local_rank: int, want: str) -> tuple[str, str]:
     """(backend, device). One visible GPU (SLURM's --gpus-per-task) is cuda:0; several
     visible GPUs shared by the node's tasks (--gres=gpu:N) give cuda:<local_rank>."""
-    import torch
+    import torch  # lazy for start-up time: the environment is read (and refused) before torch loads
 
     if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
         return "gloo", "cpu"
@@ -225,10 +225,10 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int |
 
 
 def init_process_group(env: DistEnv, timeout_s: float) -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy for start-up time, as above
 
     if env.backend == "nccl":
-        import torch
+        import torch  # lazy for start-up time, as above
 
         torch.cuda.set_device(torch.device(env.device))
     dist.init_process_group(

@@ -38,7 +38,7 @@ def install_dumps() -> None:
 def collective_checks(debug_collectives: bool, backend: str, run_dir: str) -> None:
     """Before the process group exists: torch reads these when it creates it."""
     if debug_collectives:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy for start-up time: only with debug_collectives
 
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         dist.set_debug_level_from_env()  # torch.distributed read the variable at import

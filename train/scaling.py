@@ -18,16 +18,25 @@ that was never run, by timing its kernels. Figures are from one run on one machi
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import math
 import statistics
 import sys
 import tempfile
+import time
+from functools import partial
 from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
 
 from train.config import Config, ConfigError, ModelConfig, load
 from train.model import layer_dims, parameter_count
+from train.runs import launch, machine
 
 # The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k parameters,
 # all per-step overhead, to 10.6M, compute-bound), data sizes through data.train_size, a
@@ -83,8 +92,6 @@ def point_args(hidden: int, train_size: int, batch: int, epochs: int, nprocs: in
 
 
 def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs: int) -> dict:
-    from train.bench import launch
-
     args, steps = point_args(hidden, train_size, batch, epochs, nprocs)
     cfg = load(Config, None, args)
     before = kernel_seconds(cfg.model, batch // nprocs)
@@ -114,8 +121,6 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
 def seconds_per_call(op, target_s: float = 2e-3, samples: int = 9) -> float:
     """The fastest of ``samples`` timings of a loop long enough to time (``target_s``):
     interruptions only ever add time, so the minimum is the kernel's own."""
-    import time
-
     op()
     n = 1
     while True:  # double the loop until it is long enough to time
@@ -139,8 +144,6 @@ def seconds_per_call(op, target_s: float = 2e-3, samples: int = 9) -> float:
 def warm_up() -> None:
     """Once per process, before the first timing: the BLAS's threads and code paths start on
     first use (milliseconds), which would be charged to the first configuration timed."""
-    import torch
-
     torch.set_num_threads(THREADS)
     a = torch.randn(256, 1024)
     seconds_per_call(lambda: a @ a.T, target_s=0.2, samples=1)
@@ -149,10 +152,6 @@ def warm_up() -> None:
 def kernel_seconds(model: ModelConfig, batch: int) -> float:
     """One training step's matrix multiplies at this size, timed on this machine: for each
     Linear layer (in -> out), the forward x @ W^T, and the backward's g @ W and g^T @ x."""
-    from functools import partial
-
-    import torch
-
     torch.set_num_threads(THREADS)
     warm_up()
     total = 0.0
@@ -180,8 +179,6 @@ def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]
 def fit_cost(points: list[dict]) -> dict:
     """step = t0 + k * kernels, least squares of the relative error (each point counts alike,
     whether its step is 1 ms or 100 ms); two unknowns, both kept >= 0."""
-    import numpy as np
-
     t = np.array([x["step_ms"] for x in points], float)
     kernel = np.array([x["kernel_ms"] for x in points], float)
     rows = np.stack([1 / t, kernel / t], axis=1)  # [1/t, K/t] @ [t0, k] = 1
@@ -268,8 +265,6 @@ def dp_payoff(points: list[dict], batch: int) -> dict:
 
 
 def study(grid: dict, ranks: list[int], progress=print) -> dict:
-    from train.bench import machine
-
     plan = grid_points(grid, ranks)
     points = []
     for i, (h, n, b, r) in enumerate(plan, 1):
@@ -410,11 +405,7 @@ def markdown(r: dict, png: str | None) -> list[str]:
 
 
 def plot(result: dict, path: str | Path) -> None:
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(8, 5))
     batch = result["grid"]["batch"][0]
     lines: dict[tuple[int, int], list] = {}
@@ -436,8 +427,6 @@ def plot(result: dict, path: str | Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m train.bench scaling", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the small grid (< 2 min on 2 cores; CI)")
     parser.add_argument("--ranks", default="1,2", help="rank counts, comma-separated (e.g. 1,2,4)")

@@ -217,6 +217,7 @@ def main(argv: list[str]) -> None:
     else:
         if time_limit is not None:
             runs_on_after(time_limit)
+        # lazy for start-up time: a command's shim never loads torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         startup_limit(args.startup_timeout_s)

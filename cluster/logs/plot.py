@@ -46,7 +46,7 @@ def plot_step_times(report: Report, path: str | Path) -> dict:
     hang culprit and the stragglers marked. Readable at 1024 ranks, where lines per rank are not.
     Returns what it drew: ``rows`` (the ranks, top down), ``stragglers``, ``failure`` (its
     label) and ``attempts`` (each failed attempt's and restart's label)."""
-    import matplotlib
+    import matplotlib  # lazy for start-up time: about 0.3 s, for --plot only
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -5,6 +5,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from train.parallel.common import Context, Trainable, forward_eval
+from train.parallel.tp import apply_tp
 
 
 def settle_buckets(ddp: DistributedDataParallel, model: nn.Module, ctx: Context) -> None:
@@ -23,8 +24,6 @@ def settle_buckets(ddp: DistributedDataParallel, model: nn.Module, ctx: Context)
 
 def apply_ddp(model: nn.Module, ctx: Context) -> Trainable:
     if ctx.dims.tp > 1:  # ddp x tp: tensor parallel inside the node, DDP across
-        from train.parallel.tp import apply_tp
-
         return apply_tp(model, ctx)
     model = model.to(ctx.device)
     ddp = DistributedDataParallel(

@@ -51,7 +51,7 @@ class ParallelDims:
         shape, names = self.mesh_shape()
         if not shape:
             return None
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # heavy: imported when used
 
         return init_device_mesh(device_type, shape, mesh_dim_names=names)
 

@@ -27,7 +27,7 @@ def tensor_parallel_plan(model: nn.Sequential) -> dict:
 
 
 def shard_tensor_parallel(model: nn.Sequential, ctx: Context) -> nn.Sequential:
-    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module  # heavy: imported when used
 
     return parallelize_module(model, ctx.mesh["tp"], tensor_parallel_plan(model))
 
