@@ -24,7 +24,6 @@ import torch
 
 from bench import restart_bench
 from cluster import minicluster
-from cluster.logs.triage import inspect
 from cluster.plan import make_plan
 from cluster.spec import JobSpec
 from tests.support.synthetic import make_job
@@ -103,21 +102,24 @@ def plan_speed() -> dict:
 
 
 def triage_speed(ranks: int, lines: int, rounds: int = 3) -> dict:
+    """``cluster logs --json`` as a whole process (start-up, every rank's state, the report)
+    against ``grep -l Traceback`` over the same rank logs, interleaved, page cache warm for both."""
     say(f"log triage: {ranks} ranks x {lines} lines")
     with tempfile.TemporaryDirectory() as tmp:
         job = make_job(Path(tmp) / "job", world=ranks, lines=lines, crash_rank=ranks // 3)
         files = [str(p) for p in sorted(job.glob("rank_*.log"))]
         size = sum(Path(f).stat().st_size for f in files)
         ours, grep = [], []
-        for _ in range(rounds):  # interleaved, page cache warm for both
+        for _ in range(rounds + 1):  # the first round warms the page cache
             start = time.perf_counter()
             subprocess.run(["grep", "-l", "Traceback", *files], capture_output=True)
             grep.append(time.perf_counter() - start)
             start = time.perf_counter()
-            report = inspect(job, running=False)
+            done = subprocess.run([sys.executable, "-m", "cluster", "logs", str(job), "--json"], capture_output=True)
             ours.append(time.perf_counter() - start)
-            assert report.first_failure["rank"] == ranks // 3
-    o, g = statistics.median(ours), statistics.median(grep)
+            assert json.loads(done.stdout)["first_failure"]["rank"] == ranks // 3, done.stderr[-2000:]
+    o, g = statistics.median(ours[1:]), statistics.median(grep[1:])
+    say(f"  cluster logs --json {o:.2f} s, grep -l {g:.2f} s: ratio {o / g:.2f}")
     return {"ranks": ranks, "lines": lines, "bytes": size, "inspect_s": o, "grep_s": g, "ratio": o / g}
 
 
@@ -316,12 +318,12 @@ def render_markdown(r: dict) -> str:
     p = r["plan"]
     lines += ["## Driver", "", f"- `plan` for 1024 nodes x 8 GPUs ({p['ranks']} ranks), including its JSON: "
               f"**{p['seconds'] * 1000:.0f} ms** (goal < 500 ms)."]  # fmt: skip
-    t = r["triage"]
-    lines.append(
-        f"- Log triage of {t['ranks']} ranks x {t['lines']:,} lines ({t['bytes'] / 2**20:.0f} MiB): "
-        f"`cluster logs` **{t['inspect_s']:.2f} s** vs `grep -l Traceback` {t['grep_s']:.2f} s, "
-        f"**ratio {t['ratio']:.2f}** (goals: < 3 s, ratio <= 3)."
-    )
+    for t in r["triage"]:
+        lines.append(
+            f"- Log triage of {t['ranks']:,} ranks x {t['lines']:,} lines ({t['bytes'] / 2**20:.0f} MiB): "
+            f"`cluster logs --json`, the whole process, **{t['inspect_s']:.2f} s** vs `grep -l Traceback` "
+            f"{t['grep_s']:.2f} s, **ratio {t['ratio']:.2f}** (goals at 16,384 ranks: <= 1.5 s, ratio <= 3)."
+        )
     s = r.get("submit")
     if s and "error" in s:
         lines.append(f"- Submit latency: the measurement failed: {s['error']}")
@@ -420,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         "strategies": strategies_table(rounds, steps, QUICK_GRID if args.quick else STRATEGY_GRID),
         "collectives": collectives("1MiB" if args.quick else "64MiB"),
         "plan": plan_speed(),
-        "triage": triage_speed(64, 500) if args.quick else triage_speed(1024, 5000),
+        "triage": [triage_speed(64, 500)] if args.quick else [triage_speed(1024, 5000), triage_speed(16384, 1000)],
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
         "gpu": gpu_mfu(rounds),

@@ -20,7 +20,7 @@ from cluster.backends import JobRef, NeverStarts
 from cluster.jobdir import JobDir, job_root
 from cluster.logs.follow import follow
 from cluster.logs.plot import plot_step_times
-from cluster.logs.text import format_report, tail
+from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import inspect, job_is_running
 from cluster.plan import fewer_nodes, format_plan, make_plan
 from cluster.poll import WaitTimeout, wait_until
@@ -202,7 +202,7 @@ def cmd_logs(args) -> int:
             print(f"==> {path} <==")
             sys.stdout.write("".join(tail(path, args.tail)))
     elif args.json:
-        print(json.dumps(report.to_json(), indent=1))
+        print(report_json(report))
     else:
         print(format_report(report))
     if args.plot:

@@ -21,9 +21,6 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from docker.types import DeviceRequest
-
-import docker  # the Docker SDK (a dependency): ~0.1 s to import
 from cluster.controller import KILL_WAIT_S, Controller
 from cluster.jobdir import JobDir
 from cluster.poll import WaitTimeout, wait_until
@@ -43,13 +40,21 @@ ENGINE_HELP = (
 )
 
 
+def sdk():
+    """The Docker SDK (a dependency of the kit), imported on first use."""
+    # lazy for start-up time: 0.15 s that `cluster logs` of other backends' jobs need not pay
+    import docker.types  # docker itself, and the module of DeviceRequest
+
+    return docker
+
+
 def engine():
     """A client of the Docker engine (DOCKER_HOST, else the default socket) that answers; bad
     input (exit 2, saying how to start one) where none does."""
     try:
-        client = docker.from_env()
+        client = sdk().from_env()
         client.ping()
-    except docker.errors.DockerException as exc:
+    except sdk().errors.DockerException as exc:
         where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
         reason = str(exc).splitlines()[0][:200]
         raise ConfigError(
@@ -85,7 +90,7 @@ def check(request: Request, plan: Plan, gpus_here: int) -> None:
     client = engine()
     try:
         client.images.get(request.image)
-    except docker.errors.ImageNotFound:
+    except sdk().errors.ImageNotFound:
         raise ConfigError(
             "container.image",
             f"no image {request.image!r} in the engine: build the kit's image with "
@@ -199,7 +204,11 @@ class ContainerController(Controller):
         self.containers = []
         for config in self.launch["containers"]:
             endpoint = self.client.api.create_endpoint_config(aliases=[config["hostname"]])
-            gpus = [DeviceRequest(device_ids=config["gpus"], capabilities=[["gpu"]])] if config["gpus"] else None
+            gpus = (
+                [sdk().types.DeviceRequest(device_ids=config["gpus"], capabilities=[["gpu"]])]
+                if config["gpus"]
+                else None
+            )
             container = self.client.containers.create(
                 config["image"], step_command(config, step["name"]), name=config["name"],
                 hostname=config["hostname"], user=config["user"], working_dir=config["working_dir"],
@@ -228,7 +237,7 @@ class ContainerController(Controller):
         for container in live:
             try:
                 container.kill(signal="SIGTERM")
-            except docker.errors.APIError:  # it ended meanwhile
+            except sdk().errors.APIError:  # it ended meanwhile
                 pass
         try:
             wait_until(lambda: all(c is not None for c in self.exit_codes()), STOP_GRACE_S, "the containers", 0.5)
@@ -270,8 +279,8 @@ def remove_job(client, job_dir: Path, say) -> None:
 def running(job_dir: Path) -> bool:
     """Any container of the job still there (running, or not yet removed)."""
     try:
-        containers, _ = job_objects(docker.from_env(), job_dir)
-    except docker.errors.DockerException:  # no engine: nothing of the job can run
+        containers, _ = job_objects(sdk().from_env(), job_dir)
+    except sdk().errors.DockerException:  # no engine: nothing of the job can run
         return False
     return bool(containers)
 

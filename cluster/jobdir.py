@@ -82,6 +82,7 @@ class JobDir:
 
     def __init__(self, path: str | os.PathLike):
         object.__setattr__(self, "path", Path(path))
+        object.__setattr__(self, "_prefix", os.path.join(str(path), ""))  # for file(): no pathlib per file
 
     @classmethod
     def of(cls, log_dir: str | Path, name: str, job_id: str) -> JobDir:
@@ -183,14 +184,21 @@ class JobDir:
     def preflight_log(self, rank: int, attempt: int = 0) -> Path:
         return self.task_log("preflight", rank, attempt)
 
-    def rank_logs(self, rank: int, names: set[str] | None = None) -> list[Path]:
-        """Attempt 0, 1, ... of a rank's log, those that exist (``names``: the listing, when
-        the caller has it, saves a stat per file)."""
-        names = self.names() if names is None else names
+    def file(self, name: str) -> str:
+        """The path of the job's file ``name``, as a string: the log inspector asks for tens of
+        thousands, and pathlib costs more than reading a small one."""
+        return self._prefix + name
+
+    def rank_log_files(self, rank: int, names: set[str]) -> list[str]:
+        """Attempt 0, 1, ... of a rank's log, those in ``names`` (the directory's listing)."""
         found = []
-        while log_name(rank, len(found)) in names:
-            found.append(self.rank_log(rank, len(found)))
+        while (name := log_name(rank, len(found))) in names:
+            found.append(self.file(name))
         return found
+
+    def rank_logs(self, rank: int) -> list[Path]:
+        """Attempt 0, 1, ... of a rank's log, those that exist."""
+        return [Path(p) for p in self.rank_log_files(rank, self.names())]
 
     def records_file(self, rank: int) -> Path:
         return self.path / record_name(rank)

@@ -183,7 +183,7 @@ def read_records(path: str | Path) -> Iterator[dict]:
     with open(path, "rb") as f:
         data = f.read()
     try:  # one parse for the whole file (the log inspector reads thousands of them)
-        yield from json.loads(b"[" + b",".join(line for line in data.splitlines() if line.strip()) + b"]")
+        yield from json.loads(b"[" + data.strip().replace(b"\n", b",") + b"]")
         return
     except (json.JSONDecodeError, UnicodeDecodeError):
         pass

@@ -9,6 +9,7 @@ than line by line: a 1024-rank job with 5,000 lines per rank is triaged in about
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import re
@@ -52,6 +53,12 @@ def last_line(buf) -> bytes:
 
 def parse_traceback(text: str) -> tuple[str, list[str]]:
     """(exception line, frames in the project's or user's code) of the last traceback in ``text``."""
+    error, frames = _parse_traceback(text)
+    return error, list(frames)
+
+
+@functools.lru_cache(maxsize=4096)  # a cascade: thousands of ranks print the same traceback
+def _parse_traceback(text: str) -> tuple[str, tuple[str, ...]]:
     lines = [strip_stamp(s) for s in text.splitlines()]
     frames, error = [], ""
     for i, line in enumerate(lines):
@@ -65,7 +72,7 @@ def parse_traceback(text: str) -> tuple[str, list[str]]:
             if ":" in line or "Error" in line or "Exception" in line or re.fullmatch(r"[A-Za-z_][\w.]*", line.strip()):
                 error = line.strip()
                 break
-    return error, frames
+    return error, tuple(frames)
 
 
 def find_call_order(buf, start: int, hops: int = 64) -> int:
@@ -89,23 +96,25 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
     if path is None:
         return out
     try:
-        f = open(path, "rb", buffering=0)
+        fd = os.open(path, os.O_RDONLY)  # no file object: thousands of logs, each read once
     except FileNotFoundError:  # removed since the directory was listed
         return out
-    with f, contextlib.ExitStack() as stack:
-        stat = os.fstat(f.fileno())
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, fd)
+        stat = os.fstat(fd)
         size, out["mtime"] = stat.st_size, stat.st_mtime
         if not size:
             return out
-        # Reading a file is faster than mapping it (no page faults); very large ones are mapped.
-        buf = f.read() if size < READ_LIMIT else stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-        out["last_time"] = parse_stamp(last_line(buf))
-        if completed:
-            tail = max(0, len(buf) - EXIT_TAIL)
-            hits = [at for word in EXIT_CRASH if (at := buf.find(word, tail)) != -1]
+        if completed:  # its last line, and whether it crashed at exit: the tail is enough
+            buf = os.pread(fd, min(size, EXIT_TAIL), max(0, size - EXIT_TAIL))
+            out["last_time"] = parse_stamp(last_line(buf))
+            hits = [at for word in EXIT_CRASH if (at := buf.find(word)) != -1]
             if hits:
                 out["exit_crash"] = strip_stamp(line_at(buf, min(hits)).decode(errors="replace")).strip()
             return out
+        # Reading a file is faster than mapping it (no page faults); very large ones are mapped.
+        buf = os.read(fd, size) if size < READ_LIMIT else stack.enter_context(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+        out["last_time"] = parse_stamp(last_line(buf))
         # The first traceback is the error; the last dump is where the rank ended (a stall
         # watchdog's dump comes after any snapshot's, and ends the process).
         traceback, dump = -1, False

@@ -19,7 +19,7 @@ import signal
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster import backends, stacks
@@ -27,7 +27,7 @@ from cluster.attempt_history import restarts_used, summary
 from cluster.jobdir import ATTEMPTS, JobDir
 from cluster.logs.scan import scan_log
 from cluster.stacks import CASCADE
-from train.protocol import record_name
+from train.protocol import read_records, record_name
 
 # Jobs with at least this many ranks per CPU core are read by one process per core.
 PARALLEL_FROM = 128
@@ -87,11 +87,8 @@ class Report:
         return any(r.state in FAILED_STATES for r in self.ranks)
 
     def to_json(self) -> dict:
-        ranks = []
-        for r in self.ranks:
-            d = asdict(r)
-            d.pop("step_times")
-            ranks.append(d)
+        # vars(), not asdict(): no deep copy of every field of 16,384 ranks (two seconds)
+        ranks = [{k: v for k, v in vars(r).items() if k != "step_times"} for r in self.ranks]
         return {
             "job_dir": self.job_dir,
             "world_size": self.world_size,
@@ -179,34 +176,49 @@ def rank_reports(
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
         final, end, preempted, trained = False, None, None, False
-        if record_name(rank) in names:
-            records = job_dir.records(rank)
-            starts = [i for i, rec in enumerate(records) if rec.get("event") == "start"]
-            if starts:  # the last attempt's identity; its steps decide whether it finished
-                env = records[starts[-1]].get("env", {})
+        records_name = record_name(rank)
+        if records_name in names:
+            # One pass over the records (thousands of ranks: every step of it counts).
+            start_at, steps, step_times, latest = -1, [], [], 0.0
+            records = list(read_records(job_dir.file(records_name)))
+            for i, rec in enumerate(records):
+                event = rec.get("event")
+                if event == "start":
+                    start_at = i
+                elif event == "step":
+                    steps.append(rec)
+                    if rec.get("step_ms") is not None:
+                        step_times.append((rec["step"], rec["step_ms"], rec.get("time", 0.0)))
+                latest = max(latest, rec.get("time", 0) or 0)
+            if start_at >= 0:  # the last attempt's identity; its steps decide whether it finished
+                env = records[start_at].get("env", {})
                 rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
-                rep.pid = records[starts[-1]].get("pid")
-            steps = [rec for rec in records if rec.get("event") == "step"]
-            rep.step_times = [
-                (rec["step"], rec["step_ms"], rec.get("time", 0.0)) for rec in steps if rec.get("step_ms") is not None
-            ]
-            attempt = records[starts[-1] if starts else 0 :]
-            last = [rec for rec in attempt if rec.get("event") == "step"]
+                rep.pid = records[start_at].get("pid")
+            rep.step_times = step_times
             if steps:
                 rep.last_step, rep.last_loss = (
                     steps[-1]["step"],
                     steps[-1].get("local_loss", steps[-1].get("train_loss")),
                 )
+            attempt = records[max(start_at, 0) :]
             # The built-in trainer's last step record says final; a user's program has an end record.
-            end = next((rec for rec in reversed(attempt) if rec.get("event") == "end"), None)
-            final = bool(last and last[-1].get("final")) or bool(end and end.get("exit_code") == 0)
-            preempted = next((rec for rec in attempt if rec.get("event") == "preempted"), None)
-            trained = any(rec.get("event") in ("first_step", "step") for rec in attempt)
-            rep.last_time = max((rec.get("time", 0) for rec in records), default=0) or None
-        logs = job_dir.rank_logs(rank, names)
+            last_step = None
+            for rec in attempt:
+                event = rec.get("event")
+                if event == "step":
+                    last_step = rec
+                elif event == "end":
+                    end = rec
+                elif event == "preempted" and preempted is None:
+                    preempted = rec
+                if event in ("first_step", "step"):
+                    trained = True
+            final = bool(last_step and last_step.get("final")) or bool(end and end.get("exit_code") == 0)
+            rep.last_time = latest or None
+        logs = job_dir.rank_log_files(rank, names)
         rep.attempts = max(1, len(logs))
         scan = scan_log(logs[-1] if logs else None, completed=final)
-        rep.log = str(logs[-1]) if logs else ""
+        rep.log = logs[-1] if logs else ""
         if scan["last_time"]:
             rep.last_time = max(rep.last_time or 0, scan["last_time"])
         if rep.step_times:
@@ -288,7 +300,7 @@ def find_hang(reports: list[RankReport]) -> dict | None:
     """The hang verdict (cluster.stacks) when a rank stalled or an error says hang."""
     ended = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent")]  # no_progress is no hang
     errors = {r.rank: r.error for r in ended if r.error and r.state == "failed"}  # exceptions only
-    if not any(r.state == "stalled" for r in ended) and not any(stacks.HANG_ERROR.search(e) for e in errors.values()):
+    if not any(r.state == "stalled" for r in ended) and not any(says_hang(e) for e in set(errors.values())):
         return None
     found = {r.rank: stacks.last_stack(Path(r.log)) for r in ended if r.log}
     # A rank the launcher killed (fail-fast, after the first watchdog) while it was already
@@ -311,7 +323,7 @@ def triage(reports: list[RankReport], hang: dict | None = None) -> tuple[dict | 
 
     def key(r: RankReport):
         # Root causes before cascade errors; then by time; a silent rank by its lowest step.
-        is_cascade = bool(r.error and CASCADE.search(r.error)) and r.state == "failed"
+        is_cascade = bool(r.error and is_cascade_error(r.error)) and r.state == "failed"
         when = r.error_time or r.last_time or float("inf")
         return (r.rank not in culprits, is_cascade, when, r.last_step or 0, r.rank)
 
@@ -357,9 +369,24 @@ def summarize_error(r: RankReport) -> str:
         return "stall watchdog fired"
     if r.state == "silent":
         return "silent (waiting for the failed rank?)"
-    text = r.error or r.state
+    return error_label(r.error or r.state)
+
+
+# Thousands of ranks of a cascade share a handful of error texts: each is classified once.
+@functools.lru_cache(maxsize=4096)
+def error_label(text: str) -> str:
     m = stacks.DETAIL_LABEL.search(text) or CASCADE.search(text)
     return m.group(0) if m else text[:120]
+
+
+@functools.lru_cache(maxsize=4096)
+def is_cascade_error(text: str) -> bool:
+    return bool(CASCADE.search(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def says_hang(text: str) -> bool:
+    return bool(stacks.HANG_ERROR.search(text))
 
 
 def find_stragglers(reports: list[RankReport], margin: float) -> list[int]:
