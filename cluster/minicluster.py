@@ -7,6 +7,10 @@ the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_
 task exactly as it does on a GPU cluster.
 
 It refuses to touch an /etc/slurm/slurm.conf that it did not write (a real cluster's).
+
+It ships with the kit for users: the way to try the SLURM path (``cluster=slurm`` specs,
+``render``, ``submit``, restarts, ``preflight``) on one machine before a real cluster. The
+kit's own SLURM tests run on it too (``tests/provision.sh``).
 """
 
 from __future__ import annotations
