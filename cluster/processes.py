@@ -21,20 +21,28 @@ from pathlib import Path
 from cluster.poll import WaitTimeout, wait_until
 
 
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, parent pid) of a process; None when it does not exist."""
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, parent pid, start time in clock ticks since boot) of a process; None
+    when it does not exist."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     fields = text[text.rfind(")") + 2 :].split()  # the command name may hold spaces and ")"
-    return fields[0], int(fields[1])
+    return fields[0], int(fields[1]), int(fields[19])
 
 
 def alive(pid: int) -> bool:
     """Running or stopped, not a zombie waiting to be reaped."""
     stat = _stat(pid)
     return stat is not None and stat[0] not in ("Z", "X")
+
+
+def start_time(pid: int) -> int | None:
+    """When a process started (clock ticks since boot): with its pid, what names it for good,
+    since a pid is reused once its process ends. None when it does not exist."""
+    stat = _stat(pid)
+    return stat[2] if stat else None
 
 
 def children() -> dict[int, list[int]]:

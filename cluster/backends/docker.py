@@ -67,12 +67,12 @@ class DockerBackend(Backend):
 
     def state(self, job: JobDir) -> State:
         # The ranks' pids in the records are the containers' own, not this machine's.
-        running = controller.alive(job.job_id) or containers.running(job.path)
+        running = controller.alive(job) or containers.running(job.path)
         return State("RUNNING" if running else "ENDED")
 
     def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
         # The controller stops and removes the containers; what is left, we do.
-        if controller.alive(job.job_id):
+        if controller.alive(job):
             os.kill(int(job.job_id), signal.SIGTERM)
             try:
                 wait_until(lambda: self.state(job).ended, grace_s, f"job {job.job_id}", 0.5)

@@ -19,7 +19,7 @@ MASTER = "127.0.0.1"
 def processes_of(job: JobDir) -> set[int]:
     """The live processes of a local job: the launcher's controller (the job id), the ranks
     its start records name (also when orphaned by a controller that died), and their children."""
-    pids = {int(job.job_id)} if controller.alive(job.job_id) else set()
+    pids = {int(job.job_id)} if controller.alive(job) else set()
     for rank in range(job.world_size()):
         for rec in job.records(rank):
             pid = rec.get("pid") if rec.get("event") == "start" else None
