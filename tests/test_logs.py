@@ -168,3 +168,34 @@ def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, want, tmp_path):
     job_dir.mkdir(parents=True)
     (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
     assert scheduler_kill(JobDir(job_dir), plan) == want
+
+
+def failing_rank(job_dir, before: str, after: str, progress_at: float) -> None:
+    """A rank that started at START and last recorded progress at ``progress_at``: its log
+    holds ``before`` stamped START, then ``after`` stamped a second after its progress."""
+    import json
+
+    records = [{"event": "start", "rank": 0, "time": START, "pid": 1, "env": {"host": "h", "node_rank": 0}},
+               {"event": "step", "rank": 0, "time": progress_at, "step": 5, "step_ms": 1.0}]  # fmt: skip
+    JobDir(job_dir).records_file(0).write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = lambda text, t: "".join(f"{stamp(t)}{line}\n" for line in text.splitlines())  # noqa: E731
+    JobDir(job_dir).rank_log(0).write_text(lines(before, START) + lines(after, progress_at + 1))
+
+
+TRACEBACK = 'Traceback (most recent call last):\n  File "/home/me/train.py", line 3, in <module>\nValueError: {}\n'
+
+
+@pytest.mark.parametrize("filler_lines", [0, 10, 5000])  # the tail read first is 16 KB: 5,000 lines grow it
+def test_the_error_is_the_first_traceback_after_the_last_progress_record(tmp_path, filler_lines):
+    """A traceback the rank lived past (it recorded progress after it) is not what ended it."""
+    filler = "".join(f"step {i} loss 1.0\n" for i in range(filler_lines))
+    failing_rank(tmp_path, TRACEBACK.format("survived"), filler + TRACEBACK.format("fatal"), START + 60)
+    rank = inspect(tmp_path, running=False).ranks[0]
+    assert (rank.state, rank.error) == ("failed", "ValueError: fatal")
+
+
+def test_a_log_without_stamps_is_searched_whole(tmp_path):
+    failing_rank(tmp_path, "", "", START + 60)
+    JobDir(tmp_path).rank_log(0).write_text(TRACEBACK.format("unstamped") + "x\n" * 10000)
+    rank = inspect(tmp_path, running=False).ranks[0]
+    assert (rank.state, rank.error) == ("failed", "ValueError: unstamped")

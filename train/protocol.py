@@ -29,6 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 # ----------------------------------------------------------------------------- signals
 DUMP_SIGNAL = signal.SIGURG  # ignored by default: a snapshot before a rank is ready cannot kill it
 # The time-limit signal when the job spec names none (train.preempt_signal's default); a spec's
@@ -182,13 +184,13 @@ def read_records(path: str | Path) -> Iterator[dict]:
     """Every well-formed record; a line cut short by a crash is skipped."""
     with open(path, "rb") as f:
         data = f.read()
-    try:  # one parse for the whole file (the log inspector reads thousands of them)
-        yield from json.loads(b"[" + data.strip().replace(b"\n", b",") + b"]")
+    try:  # one parse for the whole file, by orjson: the log inspector reads 16,384 of them
+        yield from orjson.loads(b"[" + data.strip().replace(b"\n", b",") + b"]")
         return
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except orjson.JSONDecodeError:  # also invalid UTF-8
         pass
     for line in data.splitlines():
         try:
-            yield json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            yield orjson.loads(line)
+        except orjson.JSONDecodeError:
             continue

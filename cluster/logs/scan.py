@@ -8,7 +8,6 @@ than line by line: a 1024-rank job with 5,000 lines per rank is triaged in about
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import mmap
 import os
@@ -28,6 +27,10 @@ SIGNAL_WORDS = (b"Fatal Python error: ", b"Killed", b"Terminated", b"SIGKILL", b
 # libstdc++'s "terminate called ..."); the kit's ranks leave without it, a user's may not.
 EXIT_CRASH = (b"terminate called", b"Fatal Python error", b"Segmentation fault", b"Aborted")
 EXIT_TAIL = 8192
+# A rank's records date its progress: lines stamped more than this before its last one were
+# written while it still made progress, so its failure lies after them (same clock: one node).
+PROGRESS_SLACK_S = 5.0
+TAIL_FIRST = 16384
 
 
 def parse_stamp(line: bytes) -> float | None:
@@ -86,11 +89,39 @@ def find_call_order(buf, start: int, hops: int = 64) -> int:
     return buf.find(CALL_ORDER, start)
 
 
-def scan_log(path: Path | None, completed: bool = False) -> dict:
+def since_progress(fd: int, size: int, progress: float):
+    """The log's end from the last line stamped before ``progress - PROGRESS_SLACK_S``: a
+    window read from the end, grown fourfold until its first stamped line is that old (or
+    it is the whole file). Most ranks record progress every few dozen lines: 16 KB does.
+    None where the window would reach READ_LIMIT: the caller maps the whole file."""
+    window = TAIL_FIRST
+    while window < READ_LIMIT:
+        start = max(0, size - window)
+        buf = os.pread(fd, size - start, start)
+        if start == 0:
+            return buf
+        first = buf.find(b"\n") + 1  # the first whole line
+        stamp = parse_stamp(buf[first : first + STAMP_LENGTH]) if first else None
+        if stamp is not None and stamp < progress - PROGRESS_SLACK_S:
+            return buf[first:]
+        window *= 4
+    return None
+
+
+def lived_past(buf, at: int, after: float | None) -> bool:
+    """Whether the line at ``at`` is stamped before ``after``."""
+    stamp = parse_stamp(line_at(buf, at)) if after is not None else None
+    return stamp is not None and stamp < after
+
+
+def scan_log(path: str | Path | None, completed: bool = False, progress: float | None = None) -> dict:
     """First error (time, exception, frames), stack-dump and signal evidence, the last line's time.
 
     One byte search (C speed) for what tracebacks and faulthandler dumps share,
-    "(most recent call ", continued past each hit; a completed rank needs only its last line."""
+    "(most recent call ", continued past each hit; a completed rank needs only its last line.
+    ``progress``: the time of the rank's last progress record (start or step) in this
+    attempt; where known, only the lines written since are searched (``since_progress``),
+    and a traceback from before it is one the rank lived past."""
     out = {"last_time": None, "error": None, "error_time": None, "frames": [], "signal": None, "stalled": None,
            "exit_crash": None, "mtime": None}  # fmt: skip
     if path is None:
@@ -99,8 +130,7 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
         fd = os.open(path, os.O_RDONLY)  # no file object: thousands of logs, each read once
     except FileNotFoundError:  # removed since the directory was listed
         return out
-    with contextlib.ExitStack() as stack:
-        stack.callback(os.close, fd)
+    try:
         stat = os.fstat(fd)
         size, out["mtime"] = stat.st_size, stat.st_mtime
         if not size:
@@ -112,34 +142,48 @@ def scan_log(path: Path | None, completed: bool = False) -> dict:
             if hits:
                 out["exit_crash"] = strip_stamp(line_at(buf, min(hits)).decode(errors="replace")).strip()
             return out
-        # Reading a file is faster than mapping it (no page faults); very large ones are mapped.
-        buf = os.read(fd, size) if size < READ_LIMIT else stack.enter_context(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
-        out["last_time"] = parse_stamp(last_line(buf))
-        # The first traceback is the error; the last dump is where the rank ended (a stall
-        # watchdog's dump comes after any snapshot's, and ends the process).
-        traceback, dump = -1, False
-        hit = find_call_order(buf, 0)
-        while hit != -1 and traceback == -1:
-            if buf[hit + len(CALL_ORDER) : hit + len(CALL_ORDER) + 5] == b"last)":
-                if buf[hit - 10 : hit] == b"Traceback ":
-                    traceback = hit - 10
-            else:
-                dump = True
-            hit = find_call_order(buf, hit + 1)
-        if traceback != -1:
-            out["error_time"] = parse_stamp(line_at(buf, traceback))
-            block_end = buf.find(b"\n\n", traceback)
-            tail = bytes(buf[traceback : block_end if block_end != -1 else min(len(buf), traceback + 20000)])
-            out["error"], out["frames"] = parse_traceback(tail.decode(errors="replace"))
-        elif dump and (last := stack_in(buf)) is not None:
-            if last.kind == "stall":
-                out["stalled"] = last.header
-            out["dump_frames"] = [f'File "{f.file}", line {f.line} in {f.func}' for f in last.frames]
-        if traceback == -1:  # no exception: look for signs of a signal near the end
-            window = max(0, len(buf) - 65536)
-            for word in SIGNAL_WORDS:
-                at = buf.rfind(word, window)
-                if at != -1:
-                    out["signal"] = strip_stamp(line_at(buf, at).decode(errors="replace")).strip()
-                    break
+        buf = since_progress(fd, size, progress) if progress is not None else None
+        if buf is None and size < READ_LIMIT:  # reading a file is faster than mapping it (no page faults)
+            buf = os.read(fd, size)
+        after = None if progress is None else progress - PROGRESS_SLACK_S
+        if buf is not None:
+            search(buf, out, after)
+        else:  # a huge one is mapped
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+                search(mapped, out, after)
+    finally:
+        os.close(fd)
     return out
+
+
+def search(buf, out: dict, after: float | None) -> None:
+    """``scan_log``'s findings in a log's bytes (or the part of it that can hold them); a
+    traceback stamped before ``after`` is one the rank lived past."""
+    out["last_time"] = parse_stamp(last_line(buf))
+    # The first traceback is the error; the last dump is where the rank ended (a stall
+    # watchdog's dump comes after any snapshot's, and ends the process).
+    traceback, dump = -1, False
+    hit = find_call_order(buf, 0)
+    while hit != -1 and traceback == -1:
+        if buf[hit + len(CALL_ORDER) : hit + len(CALL_ORDER) + 5] == b"last)":
+            if buf[hit - 10 : hit] == b"Traceback " and not lived_past(buf, hit, after):
+                traceback = hit - 10
+        else:
+            dump = True
+        hit = find_call_order(buf, hit + 1)
+    if traceback != -1:
+        out["error_time"] = parse_stamp(line_at(buf, traceback))
+        block_end = buf.find(b"\n\n", traceback)
+        tail = bytes(buf[traceback : block_end if block_end != -1 else min(len(buf), traceback + 20000)])
+        out["error"], out["frames"] = parse_traceback(tail.decode(errors="replace"))
+        return
+    if dump and (last := stack_in(buf)) is not None:
+        if last.kind == "stall":
+            out["stalled"] = last.header
+        out["dump_frames"] = [f'File "{f.file}", line {f.line} in {f.func}' for f in last.frames]
+    window = max(0, len(buf) - 65536)  # no exception: look for signs of a signal near the end
+    for word in SIGNAL_WORDS:
+        at = buf.rfind(word, window)
+        if at != -1:
+            out["signal"] = strip_stamp(line_at(buf, at).decode(errors="replace")).strip()
+            return

@@ -36,6 +36,8 @@ NO_PROGRESS = (
     "completed without training progress: exited 0 without a single optimizer step "
     "(set program.require_progress=false for a program that does not train)"
 )
+# Records a rank writes while it makes progress: its failure comes after the last of them.
+PROGRESS_EVENTS = ("start", "resume", "first_step", "step")
 FAILED_STATES = ("failed", "stalled", "killed", "no_progress")
 
 
@@ -175,49 +177,44 @@ def rank_reports(
     reports = []
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
-        final, end, preempted, trained = False, None, None, False
+        final, end, preempted, trained, progress = False, None, None, False, None
         records_name = record_name(rank)
         if records_name in names:
-            # One pass over the records (thousands of ranks: every step of it counts).
-            start_at, steps, step_times, latest = -1, [], [], 0.0
-            records = list(read_records(job_dir.file(records_name)))
-            for i, rec in enumerate(records):
-                event = rec.get("event")
-                if event == "start":
-                    start_at = i
-                elif event == "step":
-                    steps.append(rec)
-                    if rec.get("step_ms") is not None:
-                        step_times.append((rec["step"], rec["step_ms"], rec.get("time", 0.0)))
-                latest = max(latest, rec.get("time", 0) or 0)
-            if start_at >= 0:  # the last attempt's identity; its steps decide whether it finished
-                env = records[start_at].get("env", {})
-                rep.host, rep.node = env.get("host", rep.host), env.get("node_rank", rep.node)
-                rep.pid = records[start_at].get("pid")
-            rep.step_times = step_times
-            if steps:
-                rep.last_step, rep.last_loss = (
-                    steps[-1]["step"],
-                    steps[-1].get("local_loss", steps[-1].get("train_loss")),
-                )
-            attempt = records[max(start_at, 0) :]
-            # The built-in trainer's last step record says final; a user's program has an end record.
-            last_step = None
-            for rec in attempt:
-                event = rec.get("event")
+            # One pass over the records (thousands of ranks: every step of it counts). A start
+            # record begins an attempt; the last attempt's records decide how the rank ended.
+            latest, step, attempt_step, step_times = 0.0, None, None, []
+            for rec in read_records(job_dir.file(records_name)):
+                event, at = rec.get("event"), rec.get("time") or 0.0
+                latest = max(latest, at)
                 if event == "step":
-                    last_step = rec
+                    step = attempt_step = rec
+                    trained, progress = True, at
+                    if rec.get("step_ms") is not None:
+                        step_times.append((rec["step"], rec["step_ms"], at))
+                elif event == "start":
+                    env = rec.get("env", {})
+                    rep.host, rep.node, rep.pid = (
+                        env.get("host", rep.host),
+                        env.get("node_rank", rep.node),
+                        rec.get("pid"),
+                    )
+                    attempt_step, end, preempted, trained, progress = None, None, None, False, at
+                elif event in PROGRESS_EVENTS:
+                    trained = trained or event == "first_step"
+                    progress = at
                 elif event == "end":
                     end = rec
                 elif event == "preempted" and preempted is None:
                     preempted = rec
-                if event in ("first_step", "step"):
-                    trained = True
-            final = bool(last_step and last_step.get("final")) or bool(end and end.get("exit_code") == 0)
+            rep.step_times = step_times
+            if step:
+                rep.last_step, rep.last_loss = step["step"], step.get("local_loss", step.get("train_loss"))
+            # The built-in trainer's last step record says final; a user's program has an end record.
+            final = bool(attempt_step and attempt_step.get("final")) or bool(end and end.get("exit_code") == 0)
             rep.last_time = latest or None
         logs = job_dir.rank_log_files(rank, names)
         rep.attempts = max(1, len(logs))
-        scan = scan_log(logs[-1] if logs else None, completed=final)
+        scan = scan_log(logs[-1] if logs else None, completed=final, progress=progress)
         rep.log = logs[-1] if logs else ""
         if scan["last_time"]:
             rep.last_time = max(rep.last_time or 0, scan["last_time"])
