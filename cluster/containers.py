@@ -264,7 +264,8 @@ class ContainerController(Controller):
 def job_objects(client, job_dir: Path) -> tuple[list, list]:
     """The job's containers (running or not) and networks, by their label."""
     label = {"label": f"{LABEL}={Path(job_dir).resolve()}"}
-    return client.containers.list(all=True, filters=label), client.networks.list(filters=label)
+    # ignore_removed: a container removed between the listing and its inspection is no error
+    return client.containers.list(all=True, filters=label, ignore_removed=True), client.networks.list(filters=label)
 
 
 def remove_job(client, job_dir: Path, say) -> None:

@@ -127,7 +127,9 @@ def docker_objects(under: Path) -> list:
     if client is None:
         return []
     mine = lambda labels: (labels or {}).get(LABEL, "").startswith(str(under))  # noqa: E731
-    containers = [c for c in client.containers.list(all=True, filters={"label": LABEL}) if mine(c.labels)]
+    containers = [
+        c for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True) if mine(c.labels)
+    ]
     networks = [n for n in client.networks.list(filters={"label": LABEL}) if mine(n.attrs.get("Labels"))]
     return containers + networks  # containers first: a network is removed once they are gone
 

@@ -138,7 +138,7 @@ def image(kit_image):
 def leftovers(job_dir: Path) -> list[str]:
     client = docker_engine()
     label = {"label": f"{LABEL}={job_dir}"}
-    return [c.name for c in client.containers.list(all=True, filters=label)] + [
+    return [c.name for c in client.containers.list(all=True, filters=label, ignore_removed=True)] + [
         n.name for n in client.networks.list(filters=label)
     ]
 
