@@ -8,29 +8,31 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shlex
 import sys
 from pathlib import Path
 
-from cluster import backends
-from cluster.attempt_history import restarts_used, summary
-from cluster.backends import JobRef, NeverStarts
+from cluster import api, backends
+from cluster import submission as submission_module
+from cluster.backends import NeverStarts
 from cluster.jobdir import JobDir, job_root
 from cluster.logs.follow import follow
 from cluster.logs.plot import plot_step_times
+from cluster.logs.sweep_table import format_sweep, plot_sweep
 from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import inspect, job_is_running
-from cluster.plan import fewer_nodes, format_plan, make_plan
+from cluster.plan import fewer_nodes, format_plan
 from cluster.poll import WaitTimeout, wait_until
 from cluster.render import render
 from cluster.request import make_request
 from cluster.snapshot import snapshot
-from cluster.spec import JobSpec, check_program_sections, unhandled_signal_note
-from cluster.submit import node_python, submission, submit
-from train.config import ConfigError, apply_overrides, help_text, load, read_yaml
-from train.protocol import DETERMINISTIC_EXIT, never_joined
+from cluster.spec import JobSpec
+from cluster.submission import node_python, submission, submit
+from cluster.sweep import Sweep, read_points, sweep_points
+from cluster.sweep import dry_run as sweep_dry_run
+from train.config import ConfigError, help_text
+from train.protocol import never_joined
 
 EXAMPLES = """examples:
   python -m cluster plan jobs/multi_node.yaml nodes=4 --json
@@ -39,16 +41,13 @@ EXAMPLES = """examples:
   python -m cluster submit jobs/local.yaml --wait
   python -m cluster logs runs/local/12345 --json
   python -m cluster snapshot runs/local/12345
+  python -m cluster sweep jobs/local.yaml optim.lr=0.05,0.1 parallel.strategy=ddp,zero1 --max-parallel 2
+  python -m cluster logs runs/local/sweep-20261125-040000 --metric test_loss
 """
 
 
 def load_spec(path: str, overrides: list[str]):
-    spec = load(JobSpec, path, overrides)
-    separate = [apply_overrides({}, [text]) for text in overrides]
-    check_program_sections(read_yaml(path), separate, path, lambda text: print(text, file=sys.stderr))
-    if note := unhandled_signal_note(spec):
-        print(note, file=sys.stderr)
-    return spec, make_plan(spec)
+    return submission_module.load_spec(path, overrides, say)
 
 
 def say(text: str) -> None:
@@ -112,7 +111,7 @@ def cmd_submit(args) -> int:
         print()
         print(backends.get(spec.cluster).dry_run(job), end="")
         return 0
-    done = submit(spec, plan, source=args.job)
+    done = api.Job(submit(spec, plan, source=args.job))
     if args.json:
         print(json.dumps({"job_id": done.job_id, "log_dir": str(done.job_dir)}))
     else:
@@ -121,22 +120,19 @@ def cmd_submit(args) -> int:
         print(f"inspect: python -m cluster logs {done.job_dir}")
     if not args.wait:
         return 0
-    ended = done.done_saying_why_pending(say)
     try:
         if args.json:  # no limit: the job has its own time limit, and a person can interrupt
-            wait_until(ended, math.inf, f"job {done.job_id} to end", interval=1.0)
+            report = done.wait(say=say)
         else:
             print("waiting for the job to end; rank 0's output:", flush=True)
-            follow(done.job_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
+            ended = done.ref.done_saying_why_pending(say)
+            follow(done.ref.job_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
+            report = done.report(running=False)
+            print(format_report(report))
     except NeverStarts as exc:
         print(f"error: {exc}; cancel it: python -m cluster cancel {done.job_dir}", file=sys.stderr)
         return 1
-    report = inspect(done.job_dir, running=False)
-    if not args.json:
-        print(format_report(report))
-    if report.attempts and report.attempts[-1]["verdict"] == "deterministic":
-        return DETERMINISTIC_EXIT
-    return 1 if report.failed or report.completed < report.world_size else 0
+    return api.exit_code(report)
 
 
 def cmd_preflight(args) -> int:
@@ -162,17 +158,16 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_status(args) -> int:
-    job = JobRef.of(JobDir.find(args.job, args.log_dir))
-    state = job.state()
-    status = {"job_id": job.job_id, "state": state.name, "reason": state.reason, "log_dir": str(job.job_dir)}
-    plan = job.job_dir.plan()
-    if plan.get("restarts"):
-        used = restarts_used(summary(job.job_dir))
-        status["restarts"] = {"allowed": plan["restarts"], "used": used, "left": plan["restarts"] - used}
+    if Sweep.of(args.job):
+        status = api.SweepJob.attach(args.job).status()
+        states = ", ".join(f"{n} {state}" for state, n in sorted(status["states"].items()))
+        print(json.dumps(status) if args.json else f"{status['points']} points: {states}")
+        return 0
+    status = api.Job.attach(args.job, args.log_dir).status()
     if args.json:
         print(json.dumps(status))
     else:
-        print(f"{state.name}: {state.reason}" if state.reason else state.name)
+        print(f"{status['state']}: {status['reason']}" if status["reason"] else status["state"])
         if "restarts" in status:
             r = status["restarts"]
             print(f"restarts: {r['used']} used, {r['left']} left (of {r['allowed']})")
@@ -180,13 +175,19 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    job = JobRef.of(JobDir.find(args.job, args.log_dir))
-    job.backend.cancel(job.job_dir, args.grace, say)
+    if Sweep.of(args.job):
+        api.SweepJob.attach(args.job).cancel(args.grace, say)
+        print(f"cancelled sweep {args.job}: no point starts any more, and the running ones were cancelled")
+        return 0
+    job = api.Job.attach(args.job, args.log_dir)
+    job.cancel(args.grace, say)
     print(f"cancelled {job.job_id}")
     return 0
 
 
 def cmd_logs(args) -> int:
+    if Sweep.of(args.job):
+        return sweep_logs(api.SweepJob.attach(args.job), args)
     job_dir = JobDir.find(args.job, args.log_dir)
     if args.follow:
         try:
@@ -211,9 +212,49 @@ def cmd_logs(args) -> int:
     return 1 if report.failed else 0
 
 
+def sweep_logs(sweep: api.SweepJob, args) -> int:
+    """``cluster logs <sweep dir>``: a row per point; exit 1 when a point failed."""
+    table = sweep.table(args.metric, args.mode)
+    print(json.dumps(table, indent=1) if args.json else format_sweep(table))
+    if args.plot:
+        plot_sweep(table, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 1 if any(r["state"] in ("failed", "not submitted") for r in table["points"]) else 0
+
+
+def cmd_sweep(args) -> int:
+    if args.resume:
+        sweep = api.SweepJob.attach(args.resume)
+        todo = sweep.resume(args.max_parallel)
+        print(json.dumps({"sweep_dir": str(sweep.path), "rerun": todo}) if args.json else
+              f"sweep {sweep.path}: running again point(s) {', '.join(map(str, todo)) or 'none (every point completed)'}")  # fmt: skip
+    else:
+        if not args.job:
+            raise ConfigError(
+                "sweep", "give a job spec (cluster sweep jobs/x.yaml key=a,b ...) or --resume <sweep dir>"
+            )
+        listed = read_points(args.points) if args.points else None
+        fixed, points = sweep_points(args.overrides, listed=listed)
+        if args.dry_run:
+            print(sweep_dry_run(args.job, fixed, points, say))
+            return 0
+        sweep = api.start_sweep(args.job, fixed, points, args.max_parallel, say)
+        limit = sweep.sweep.config()["max_parallel"]
+        if args.json:
+            print(json.dumps({"sweep_dir": str(sweep.path), "points": len(points), "max_parallel": limit}))
+        else:
+            print(f"sweep of {len(points)} point(s), at most {limit} at once: {sweep.path}")
+            print(f"table: python -m cluster logs {sweep.path}")
+    if not args.wait:
+        return 0
+    table = sweep.wait()
+    if not args.json:
+        print(format_sweep(table))
+    return 1 if any(r["state"] != "completed" for r in table["points"]) else 0
+
+
 def cmd_snapshot(args) -> int:
-    job = JobRef.of(JobDir.find(args.job, args.log_dir))
-    verdict = snapshot(job, args.timeout, args.native)
+    verdict = snapshot(api.Job.attach(args.job, args.log_dir).ref, args.timeout, args.native)
     if args.json:
         print(json.dumps(verdict.to_json(), indent=1))
         return 0
@@ -262,9 +303,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait for the end; exit 1 if any rank failed, 87 for a deterministic failure (restarts: not restarted)",
     )
     p.set_defaults(func=cmd_submit)
+    p = sub.add_parser(
+        "sweep",
+        help="run a spec over a grid of overrides (key=a,b,c), each point a job of its own",
+        description="Run a job spec over a grid: each override with comma-separated values is swept "
+        "(the cartesian product), the others hold for every point. Every point is validated before "
+        "anything runs; each is a job of its own under the sweep's directory; one failing point does "
+        "not stop the others. `cluster logs <sweep dir>` prints one row per point and the best.",
+    )
+    p.add_argument("job", nargs="?", help="job spec YAML (see jobs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value[,value...]", help="e.g. optim.lr=0.01,0.1 nodes=2")
+    p.add_argument("--points", help="a YAML list of mappings (dotted key: value), one per point, instead of a grid")
+    p.add_argument(
+        "--max-parallel", type=int, help="points unfinished at once (default: 1 on local/docker, all on slurm)"
+    )
+    p.add_argument("--resume", metavar="SWEEP_DIR", help="run again the points of this sweep that did not complete")
+    p.add_argument("--dry-run", action="store_true", help="print the points and what point 0 would run; run nothing")
+    p.add_argument("--json", action="store_true", help='print {"sweep_dir": ..., "points": N, ...}')
+    p.add_argument("--wait", action="store_true", help="wait for every point, print the table; exit 1 if one failed")
+    p.set_defaults(func=cmd_sweep)
     for name, func, help in [
-        ("status", cmd_status, "the scheduler's state of a job"),
-        ("cancel", cmd_cancel, "cancel a job"),
+        ("status", cmd_status, "the scheduler's state of a job (a sweep: its points by state)"),
+        ("cancel", cmd_cancel, "cancel a job (a sweep: its runner and its running points)"),
         ("logs", cmd_logs, "per-rank table, first failing rank and its cascade, hangs, stragglers"),
         (
             "snapshot",
@@ -284,7 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--rank", type=int, help="print this rank's log (all attempts)")
             p.add_argument("--tail", type=int, default=40, help="lines of --rank to print")
             p.add_argument("--follow", action="store_true", help="merged, rank-prefixed live stream of all ranks")
-            p.add_argument("--plot", help="write step time per rank over steps to this PNG")
+            p.add_argument(
+                "--plot", help="write step time per rank over steps (a sweep: the metric by parameter) to this PNG"
+            )
+            p.add_argument("--metric", help="a sweep's metric for the best point (default: test_loss, else train_loss)")
+            p.add_argument("--mode", choices=("min", "max"), default="min", help="a sweep's best: lowest or highest")
             p.add_argument("--silent-after", type=float, default=300.0, help="seconds without output = silent")
             p.add_argument("--straggler-margin", type=float, default=0.2, help="fraction above the median")
         if name == "snapshot":

@@ -131,9 +131,9 @@ def test_a_broken_import_inside_a_function_is_found(tmp_path):
     source = tmp_path / "example.py"
     source.write_text(
         "from cluster.spec import JobSpec\n\n"
-        "def gpu_path():\n    from cluster.submit import as_overrides\n    import train.no_such_module\n"
+        "def gpu_path():\n    from cluster.submission import no_such_name\n    import train.no_such_module\n"
     )
     assert unresolved(source) == [
-        "line 4: from cluster.submit import as_overrides",
+        "line 4: from cluster.submission import no_such_name",
         "line 5: import train.no_such_module",
     ]

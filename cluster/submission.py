@@ -5,15 +5,37 @@ backend would be handed."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 from cluster import backends
 from cluster.backends import JobRef
 from cluster.backends.base import Submission
 from cluster.jobdir import job_root
-from cluster.plan import Plan
+from cluster.plan import Plan, make_plan
 from cluster.render import render
 from cluster.request import job_files, make_request
-from cluster.spec import JobSpec
+from cluster.spec import JobSpec, check_program_sections, unhandled_signal_note
+from train.config import apply_overrides, build, load, read_yaml, to_dict
+
+
+def say_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def load_spec(
+    job: str | Path | JobSpec, overrides: list[str] = (), say: Callable[[str], None] = say_stderr
+) -> tuple[JobSpec, Plan]:
+    """The spec with its overrides, validated, and its plan; notes on the spec go to ``say``."""
+    if isinstance(job, JobSpec):
+        spec = build(JobSpec, apply_overrides(to_dict(job), overrides))
+    else:
+        spec = load(JobSpec, job, overrides)
+        separate = [apply_overrides({}, [text]) for text in overrides]
+        check_program_sections(read_yaml(job), separate, str(job), say)
+    if note := unhandled_signal_note(spec):
+        say(note)
+    return spec, make_plan(spec)
 
 
 def node_python(spec: JobSpec) -> str:

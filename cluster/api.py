@@ -1,0 +1,216 @@
+"""The kit from Python: the command line's twin (``python -m cluster`` calls these).
+
+    import cluster
+    job = cluster.submit("jobs/multi_node.yaml", nodes=4, **{"train.steps": 200})
+    job.state(); job.wait(timeout=600); job.cancel()
+    report = job.logs()          # what `cluster logs --json` prints
+    job = cluster.Job.attach("runs/multi-node/12345")   # or a job id, as the CLI takes it
+
+A job is a spec file or a ``JobSpec``; overrides are ``key=value`` texts, as on the command
+line, or keyword arguments (values written as YAML reads them back). Bad input raises
+``ConfigError`` naming the key or file (the CLI's exit 2), before anything is submitted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cluster import sweep as sweep_module
+from cluster.attempt_history import restarts_used, summary
+from cluster.backends import JobRef, NeverStarts
+from cluster.backends.base import State
+from cluster.jobdir import JobDir
+from cluster.logs.sweep_table import sweep_table
+from cluster.logs.triage import Report, inspect
+from cluster.plan import Plan
+from cluster.poll import wait_until
+from cluster.snapshot import snapshot
+from cluster.spec import JobSpec
+from cluster.submission import dry_run as dry_run_loaded
+from cluster.submission import load_spec, say_stderr
+from cluster.submission import submit as submit_loaded
+from train.config import ConfigError
+from train.protocol import DETERMINISTIC_EXIT
+
+__all__ = ["ConfigError", "Job", "NeverStarts", "SweepJob", "dry_run", "load_spec", "plan", "submit", "sweep"]
+
+Say = Callable[[str], None]
+
+
+def value_text(value: Any) -> str:
+    """A Python value as an override's text: as YAML reads it back (JSON is YAML)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def override_texts(texts: tuple[str, ...] | list[str] = (), values: dict[str, Any] | None = None) -> list[str]:
+    """``key=value`` texts, and keyword overrides."""
+    return [*texts, *(f"{k}={value_text(v)}" for k, v in (values or {}).items())]
+
+
+def source_of(job: str | Path | JobSpec) -> str:
+    return "" if isinstance(job, JobSpec) else str(job)
+
+
+def plan(job: str | Path | JobSpec, *overrides: str, **values: Any) -> Plan:
+    """Which rank runs on which node and GPU (``cluster plan``)."""
+    return load_spec(job, override_texts(overrides, values))[1]
+
+
+def dry_run(job: str | Path | JobSpec, *overrides: str, **values: Any) -> str:
+    """Exactly what ``submit`` would hand the spec's backend (``cluster submit --dry-run``)."""
+    spec, the_plan = load_spec(job, override_texts(overrides, values))
+    return dry_run_loaded(spec, the_plan, source_of(job))
+
+
+def submit(job: str | Path | JobSpec, *overrides: str, **values: Any) -> Job:
+    """Submit the job to the spec's backend (``cluster submit``)."""
+    spec, the_plan = load_spec(job, override_texts(overrides, values))
+    return Job(submit_loaded(spec, the_plan, source_of(job)))
+
+
+def exit_code(report: Report) -> int:
+    """The CLI's exit status for an ended job: 0 every rank completed, 87 a failure that a
+    restart would repeat (restarts: not restarted), 1 otherwise."""
+    if report.attempts and report.attempts[-1]["verdict"] == "deterministic":
+        return DETERMINISTIC_EXIT
+    return 1 if report.failed or report.completed < report.world_size else 0
+
+
+@dataclass
+class Job:
+    """A submitted job, as submitit's jobs are: ask its state, wait for it, cancel it, triage it."""
+
+    ref: JobRef
+
+    @classmethod
+    def attach(cls, job: str | Path, log_dir: str | Path = "runs") -> Job:
+        """The handle of a job given by its directory, or by its id under ``log_dir``."""
+        return cls(JobRef.of(JobDir.find(str(job), log_dir)))
+
+    @property
+    def job_id(self) -> str:
+        return self.ref.job_id
+
+    @property
+    def job_dir(self) -> Path:
+        return self.ref.job_dir.path
+
+    def state(self) -> State:
+        """The scheduler's state (``name``, ``reason`` it waits, ``kind``: waiting, running, ended)."""
+        return self.ref.state()
+
+    def done(self) -> bool:
+        return self.ref.done()
+
+    def status(self) -> dict:
+        """What ``cluster status --json`` prints: state, reason, and restarts used and left."""
+        state = self.state()
+        status = {"job_id": self.job_id, "state": state.name, "reason": state.reason, "log_dir": str(self.job_dir)}
+        allowed = self.ref.job_dir.plan().get("restarts")
+        if allowed:
+            used = restarts_used(summary(self.ref.job_dir))
+            status["restarts"] = {"allowed": allowed, "used": used, "left": allowed - used}
+        return status
+
+    def wait(self, timeout: float | None = None, say: Say = say_stderr, interval: float = 1.0) -> Report:
+        """Wait for the job to end (``timeout`` seconds at most: ``WaitTimeout``) and triage it;
+        ``NeverStarts`` when the scheduler says it never will start as submitted."""
+        wait_until(
+            self.ref.done_saying_why_pending(say),
+            math.inf if timeout is None else timeout,
+            f"job {self.job_id}",
+            interval,
+        )
+        return self.report(running=False)
+
+    def cancel(self, grace_s: float = 20.0, say: Say = say_stderr) -> None:
+        self.ref.backend.cancel(self.ref.job_dir, grace_s, say)
+
+    def report(self, **options: Any) -> Report:
+        """The triage (``cluster.logs.triage.inspect``'s options: running, silent_after_s, straggler_margin)."""
+        return inspect(self.ref.job_dir, **options)
+
+    def logs(self, **options: Any) -> dict:
+        """What ``cluster logs --json`` prints: ranks, first_failure, cascade, hang, attempts ..."""
+        return self.report(**options).to_json()
+
+    def snapshot(self, timeout: float = 10.0, native: bool = False) -> dict:
+        """Every rank's stacks, grouped (``cluster snapshot --json``); the job must be running."""
+        return snapshot(self.ref, timeout, native).to_json()
+
+
+def sweep(
+    job: str | Path,
+    *overrides: str,
+    grid: dict[str, list] | None = None,
+    points: list[dict] | None = None,
+    max_parallel: int | None = None,
+    say: Say = say_stderr,
+    **values: Any,
+) -> SweepJob:
+    """Start a sweep (``cluster sweep``): the cartesian product of ``grid`` (and of overrides
+    with comma-separated values), or the listed ``points``; every point is validated first."""
+    axes = [(key, [value_text(v) for v in swept]) for key, swept in (grid or {}).items()]
+    listed = None if points is None else [override_texts(values=p) for p in points]
+    fixed, point_texts = sweep_module.sweep_points(override_texts(overrides, values), axes, listed)
+    return start_sweep(str(job), fixed, point_texts, max_parallel, say)
+
+
+def start_sweep(job: str, fixed: list[str], points: list[list[str]], max_parallel: int | None, say: Say) -> SweepJob:
+    created = sweep_module.create(job, fixed, points, max_parallel, say)
+    sweep_module.start(created, list(range(len(points))))
+    return SweepJob(created)
+
+
+@dataclass
+class SweepJob:
+    """A sweep: its points' table, counts by state, waiting, cancelling, resuming."""
+
+    sweep: sweep_module.Sweep
+
+    @classmethod
+    def attach(cls, path: str | Path) -> SweepJob:
+        found = sweep_module.Sweep.of(path)
+        if found is None:
+            raise ConfigError(str(path), f"not a sweep's directory (no {sweep_module.SWEEP})")
+        return cls(found)
+
+    @property
+    def path(self) -> Path:
+        return self.sweep.path
+
+    def table(self, metric: str | None = None, mode: str = "min") -> dict:
+        """What ``cluster logs <sweep> --json`` prints: a row per point, counts by state, the best."""
+        return sweep_table(self.sweep, metric, mode)
+
+    def status(self) -> dict:
+        table = self.table()
+        return {"sweep_dir": str(self.path), "points": len(table["points"]), "states": table["states"],
+                "runner_alive": table["runner_alive"]}  # fmt: skip
+
+    def done(self) -> bool:
+        table = self.table()
+        return not table["runner_alive"] and not any(r["state"] in ("pending", "running") for r in table["points"])
+
+    def wait(self, timeout: float | None = None, interval: float = 2.0) -> dict:
+        wait_until(self.done, math.inf if timeout is None else timeout, f"sweep {self.path}", interval)
+        return self.table()
+
+    def cancel(self, grace_s: float = 20.0, say: Say = say_stderr) -> None:
+        """The runner first (no point starts after it), then every point still running."""
+        self.sweep.stop_runner()
+        for row in self.table()["points"]:
+            if row["state"] in ("pending", "running"):
+                Job.attach(row["job_dir"]).cancel(grace_s, say)
+
+    def resume(self, max_parallel: int | None = None) -> list[int]:
+        """Run again the points that did not complete (and are not running); their indices."""
+        todo = sweep_module.unfinished(self.table()["points"])
+        if todo:
+            sweep_module.start(self.sweep, todo, max_parallel)
+        return todo

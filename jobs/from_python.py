@@ -1,0 +1,25 @@
+"""The kit from Python: one job, then a sweep, each waited for and triaged.
+
+python jobs/from_python.py            # on this machine (cluster=local), about a minute
+python jobs/from_python.py slurm      # the same on a SLURM cluster (jobs/multi_node.yaml)
+"""
+
+import sys
+
+import cluster
+
+SPEC = "jobs/multi_node.yaml" if sys.argv[1:] == ["slurm"] else "jobs/local.yaml"
+SMALL = {"train.steps": 40, "train.eval_every": 20, "tasks_per_node": 2, "train.batch_size": 64}
+
+job = cluster.submit(SPEC, **SMALL)
+print(f"job {job.job_id}: {job.state().name}; logs in {job.job_dir}")
+report = job.wait(timeout=1800)
+print(f"{report.completed}/{report.world_size} ranks completed; first failure: {report.first_failure}")
+
+sweep = cluster.sweep(
+    SPEC, grid={"optim.lr": [0.05, 0.1], "parallel.strategy": ["ddp", "zero1"]}, max_parallel=2, **SMALL
+)
+table = sweep.wait(timeout=3600)
+for row in table["points"]:
+    print(row["point"], " ".join(row["overrides"]), row["state"], row["metrics"].get("test_loss"))
+print("best:", table["best"])

@@ -1,0 +1,166 @@
+"""Sweeps and the Python API: the grid, validation of every point, the results table on
+synthetic job directories, and real local sweeps (slow)."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import cluster
+from cluster.api import Job, SweepJob, override_texts
+from cluster.logs.sweep_table import format_sweep, program_metrics
+from cluster.sweep import JOBS, SWEEP, Sweep, grid_points, parse_grid, read_points, sweep_points
+from tests.conftest import run_module
+from tests.support.synthetic import make_job
+
+FAST = ["train.steps=20", "train.log_every=5", "train.eval_every=10", "tasks_per_node=2", "train.batch_size=64"]
+
+
+def test_the_grid_is_the_cartesian_product_of_comma_separated_values():
+    fixed, axes = parse_grid(["optim.lr=0.01,0.1", "nodes=2", "parallel.strategy=ddp,fsdp", "train.dims=[1,2]"])
+    assert fixed == ["nodes=2", "train.dims=[1,2]"]  # a YAML list is one value
+    assert grid_points(axes) == [
+        ["optim.lr=0.01", "parallel.strategy=ddp"],
+        ["optim.lr=0.01", "parallel.strategy=fsdp"],
+        ["optim.lr=0.1", "parallel.strategy=ddp"],
+        ["optim.lr=0.1", "parallel.strategy=fsdp"],
+    ]
+
+
+def test_python_values_and_listed_points_become_overrides(tmp_path):
+    assert override_texts(["a=1"], {"train.steps": 200, "x.flag": True, "s": "fsdp"}) == [
+        "a=1", "train.steps=200", "x.flag=true", "s=fsdp"]  # fmt: skip
+    points = tmp_path / "points.yaml"
+    points.write_text("- {optim.lr: 0.1, parallel.strategy: ddp}\n- {optim.lr: 1.0}\n")
+    assert read_points(str(points)) == [["optim.lr=0.1", "parallel.strategy=ddp"], ["optim.lr=1.0"]]
+    with pytest.raises(cluster.ConfigError, match="either a list of points or swept values"):
+        sweep_points(["optim.lr=0.1,1"], listed=read_points(str(points)))
+
+
+@pytest.mark.parametrize(
+    "args, key, point",
+    [
+        (["optim.lr=0.1,1", "parallel.strategy=ddp,fsdp,tp", "parallel.tp=3"], "parallel.tp", "point 0"),
+        (["optim.lr=0.1,1", "train.no_such=1,2"], "train.no_such", "point 0"),
+        (["nodes=1,2"], "nodes", "point 1: nodes=2"),  # cluster=local runs one node
+    ],
+)
+def test_an_invalid_point_exits_2_naming_the_point_and_the_key_and_nothing_runs(tmp_path, args, key, point):
+    result = run_module("cluster", "sweep", "jobs/local.yaml", *args, f"log_dir={tmp_path}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: {key}:") and point in result.stderr, result.stderr
+    assert not list(tmp_path.rglob("*"))  # nothing created, nothing submitted
+
+
+def test_the_dry_run_lists_every_point_and_what_point_0_runs(tmp_path):
+    result = run_module("cluster", "sweep", "jobs/local.yaml", "optim.lr=0.1,1", "parallel.strategy=ddp,zero1",
+                        f"log_dir={tmp_path}", "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "4 point(s) of jobs/local.yaml" in result.stdout
+    assert "point 3: optim.lr=1 parallel.strategy=zero1" in result.stdout
+    assert "python -P -m train" in result.stdout and not list(tmp_path.rglob("*"))
+
+
+def synthetic_sweep(tmp_path, outcomes: list[str]) -> Sweep:
+    """A finished sweep's directory: a synthetic job per point (completed, or a crash on rank 1)."""
+    path = tmp_path / "sweep"
+    path.mkdir()
+    points = [[f"optim.lr={0.1 * (i + 1):g}"] for i in range(len(outcomes))]
+    config = {"job": "jobs/x.yaml", "cwd": str(tmp_path), "cluster": "local", "fixed": [], "points": points,
+              "max_parallel": 2, "python": sys.executable}  # fmt: skip
+    (path / SWEEP).write_text(json.dumps(config))
+    sweep = Sweep(path)
+    for i, outcome in enumerate(outcomes):
+        job = make_job(sweep.point_dir(i) / "x" / str(1000 + i), world=4, lines=20,
+                       crash_rank=1 if outcome == "crash" else None)  # fmt: skip
+        records = job / "rank_00000.jsonl"  # the built-in trainer's metrics, a different loss per point
+        lines = records.read_text().splitlines()
+        last = json.loads(lines[-1])
+        last["test_loss"] = 1.0 - 0.1 * i
+        records.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+        sweep.record(i, job_dir=str(job))
+    return sweep
+
+
+def test_the_table_has_a_row_per_point_the_culprit_of_a_failed_one_and_the_best(tmp_path):
+    sweep = synthetic_sweep(tmp_path, ["ok", "crash", "ok", "ok"])
+    table = SweepJob(sweep).table()
+    assert [r["state"] for r in table["points"]] == ["completed", "failed", "completed", "completed"]
+    assert table["points"][1]["first_failure"]["rank"] == 1
+    assert table["best"] == {"point": 3, "overrides": ["optim.lr=0.4"], "test_loss": pytest.approx(0.7)}
+    assert table["states"] == {"completed": 3, "failed": 1}
+    text = format_sweep(table)
+    assert re.search(r"3 +optim.lr=0.4 +completed .*<- best", text)
+    assert "rank 1: RuntimeError: CUDA error" in text
+    result = run_module("cluster", "logs", str(sweep.path), "--json", "--metric", "test_loss", "--mode", "max")
+    assert result.returncode == 1 and json.loads(result.stdout)["best"]["point"] == 0  # a point failed: exit 1
+
+
+def test_a_programs_metrics_are_the_last_numeric_fields_rank_0_printed(tmp_path):
+    job = make_job(tmp_path / "j", world=1, lines=3)
+    log = job / "rank_00000.log"
+    log.write_text(
+        log.read_text() + "epoch=3 val_loss=0.25 note=x\n" + '{"val_acc": 0.9, "name": "a"}\n' + "val_loss=0.2\n"
+    )
+    from cluster.jobdir import JobDir
+
+    assert program_metrics(JobDir(job)) == {"epoch": 3.0, "val_loss": 0.2, "val_acc": 0.9}
+
+
+@pytest.mark.slow
+def test_a_local_sweep_runs_at_most_n_points_at_once_and_resume_reruns_the_failed_one(tmp_path):
+    points = tmp_path / "points.yaml"
+    points.write_text(
+        "- {optim.lr: 0.05, parallel.strategy: ddp}\n- {optim.lr: 0.05, parallel.strategy: zero1}\n"
+        "- {optim.lr: 0.1, parallel.strategy: ddp, train.fail_at_step: 10, train.fail_rank: 1}\n"
+        "- {optim.lr: 0.1, parallel.strategy: zero1}\n"
+    )
+    result = run_module("cluster", "sweep", "jobs/local.yaml", *FAST, f"log_dir={tmp_path}", "--points", str(points),
+                        "--max-parallel", "2", "--json", "--wait", timeout=900)  # fmt: skip
+    assert result.returncode == 1, result.stderr  # a point failed
+    sweep_dir = json.loads(result.stdout.splitlines()[0])["sweep_dir"]
+    table = SweepJob.attach(sweep_dir).table()
+    assert [r["state"] for r in table["points"]] == ["completed", "completed", "failed", "completed"]
+    assert table["points"][2]["first_failure"]["rank"] == 1
+    assert all(r["metrics"]["test_loss"] > 0 for r in table["points"] if r["state"] == "completed")
+    assert table["best"]["point"] in (0, 1, 3)
+    running, most = 0, 0  # the runner's account: never more than 2 points unfinished at once
+    for line in (SweepJob.attach(sweep_dir).path / "runner.log").read_text().splitlines():
+        running += (" submitted job " in line) - line.endswith(" ended")
+        most = max(most, running)
+    assert most == 2
+    status = run_module("cluster", "status", sweep_dir)
+    assert status.stdout.strip() == "4 points: 3 completed, 1 failed"
+
+    resumed = run_module("cluster", "sweep", "--resume", sweep_dir, "--json", "--wait", timeout=600)
+    assert json.loads(resumed.stdout.splitlines()[0])["rerun"] == [2]
+    submissions = [
+        json.loads(line)["point"] for line in (SweepJob.attach(sweep_dir).path / JOBS).read_text().splitlines()
+    ]
+    assert sorted(submissions) == [0, 1, 2, 2, 3]
+
+
+@pytest.mark.slow
+def test_the_python_api_submits_waits_and_triages_as_the_cli_does(tmp_path):
+    job = cluster.submit(
+        "jobs/local.yaml", *FAST, log_dir=str(tmp_path), **{"train.fail_at_step": 10, "train.fail_rank": 1}
+    )
+    report = job.wait(timeout=300)
+    assert report.first_failure["rank"] == 1 and job.done()
+    again = Job.attach(job.job_dir)
+    assert again.job_id == job.job_id and again.status()["state"] == "ENDED"
+    assert again.logs()["first_failure"]["rank"] == 1
+    cli = run_module("cluster", "logs", str(job.job_dir), "--json")
+    assert json.loads(cli.stdout)["first_failure"] == again.logs()["first_failure"]
+    with pytest.raises(cluster.ConfigError, match="parallel.tp"):
+        cluster.submit("jobs/local.yaml", log_dir=str(tmp_path / "none"), **{"parallel.tp": 3})
+    assert not (tmp_path / "none").exists()
+
+
+def test_the_api_is_the_package(tmp_path):
+    """`import cluster` is enough, and importing it starts nothing heavy (the ranks import it)."""
+    code = "import sys, cluster; print('cluster.api' in sys.modules, callable(cluster.submit), cluster.Job.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "Job"]
