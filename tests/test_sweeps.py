@@ -11,9 +11,9 @@ import pytest
 import cluster
 from cluster.api import Job, SweepJob, override_texts
 from cluster.logs.sweep_table import format_sweep, program_metrics
-from cluster.sweep import JOBS, SWEEP, Sweep, grid_points, parse_grid, read_points, sweep_points
+from cluster.sweep import JOBS, grid_points, parse_grid, read_points, sweep_points
 from tests.conftest import run_module
-from tests.support.synthetic import make_job
+from tests.support.synthetic import make_job, make_sweep
 
 FAST = ["train.steps=20", "train.log_every=5", "train.eval_every=10", "tasks_per_node=2", "train.batch_size=64"]
 
@@ -63,29 +63,8 @@ def test_the_dry_run_lists_every_point_and_what_point_0_runs(tmp_path):
     assert "python -P -m train" in result.stdout and not list(tmp_path.rglob("*"))
 
 
-def synthetic_sweep(tmp_path, outcomes: list[str]) -> Sweep:
-    """A finished sweep's directory: a synthetic job per point (completed, or a crash on rank 1)."""
-    path = tmp_path / "sweep"
-    path.mkdir()
-    points = [[f"optim.lr={0.1 * (i + 1):g}"] for i in range(len(outcomes))]
-    config = {"job": "jobs/x.yaml", "cwd": str(tmp_path), "cluster": "local", "fixed": [], "points": points,
-              "max_parallel": 2, "python": sys.executable}  # fmt: skip
-    (path / SWEEP).write_text(json.dumps(config))
-    sweep = Sweep(path)
-    for i, outcome in enumerate(outcomes):
-        job = make_job(sweep.point_dir(i) / "x" / str(1000 + i), world=4, lines=20,
-                       crash_rank=1 if outcome == "crash" else None)  # fmt: skip
-        records = job / "rank_00000.jsonl"  # the built-in trainer's metrics, a different loss per point
-        lines = records.read_text().splitlines()
-        last = json.loads(lines[-1])
-        last["test_loss"] = 1.0 - 0.1 * i
-        records.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
-        sweep.record(i, job_dir=str(job))
-    return sweep
-
-
 def test_the_table_has_a_row_per_point_the_culprit_of_a_failed_one_and_the_best(tmp_path):
-    sweep = synthetic_sweep(tmp_path, ["ok", "crash", "ok", "ok"])
+    sweep = make_sweep(tmp_path / "sweep", ["ok", "crash", "ok", "ok"])
     table = SweepJob(sweep).table()
     assert [r["state"] for r in table["points"]] == ["completed", "failed", "completed", "completed"]
     assert table["points"][1]["first_failure"]["rank"] == 1

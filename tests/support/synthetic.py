@@ -1,14 +1,17 @@
 """Synthetic job directories, shaped exactly like real ones, for the log inspector's tests
-and its speed benchmark (``bench/report.py``): a crash with its cascade, a hung (silent) rank, a straggler.
+and its speed benchmark (``bench/report.py``): a crash with its cascade, a hung (silent) rank, a
+straggler; and finished sweeps of such jobs.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 from cluster.jobdir import JobDir
+from cluster.sweep import SWEEP, Sweep
 
 START = time.mktime((2026, 1, 1, 12, 0, 0, 0, 0, -1))
 
@@ -72,3 +75,24 @@ def make_job(
             records[-1]["final"] = True
         JobDir(job_dir).records_file(rank).write_text("".join(json.dumps(r) + "\n" for r in records))
     return job_dir
+
+
+def make_sweep(path: Path, outcomes: list[str]) -> Sweep:
+    """A finished sweep's directory: a 4-rank synthetic job per point ("ok", or "crash" on
+    rank 1), each with its own final test_loss (point i: 1 - 0.1 i)."""
+    path.mkdir(parents=True)
+    points = [[f"optim.lr={0.1 * (i + 1):g}"] for i in range(len(outcomes))]
+    config = {"job": "jobs/x.yaml", "cwd": str(path), "cluster": "local", "fixed": [], "points": points,
+              "max_parallel": 2, "python": sys.executable}  # fmt: skip
+    (path / SWEEP).write_text(json.dumps(config))
+    sweep = Sweep(path)
+    for i, outcome in enumerate(outcomes):
+        job = make_job(sweep.point_dir(i) / "x" / str(1000 + i), world=4, lines=20,
+                       crash_rank=1 if outcome == "crash" else None)  # fmt: skip
+        records = JobDir(job).records_file(0)
+        lines = records.read_text().splitlines()
+        last = json.loads(lines[-1])
+        last["test_loss"] = 1.0 - 0.1 * i
+        records.write_text("\n".join([*lines[:-1], json.dumps(last)]) + "\n")
+        sweep.record(i, job_dir=str(job))
+    return sweep
