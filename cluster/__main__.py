@@ -194,7 +194,8 @@ def cmd_logs(args) -> int:
             follow(job_dir, list(range(job_dir.world_size())), stop=lambda: job_is_running(job_dir) is not True)
         except KeyboardInterrupt:
             return 0
-    report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin)
+    report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin,
+                     step_times=bool(args.plot))  # fmt: skip
     if args.rank is not None:
         files = job_dir.rank_logs(args.rank)
         if not files:
@@ -225,7 +226,7 @@ def sweep_logs(sweep: api.SweepJob, args) -> int:
 def cmd_sweep(args) -> int:
     if args.resume:
         sweep = api.SweepJob.attach(args.resume)
-        todo = sweep.resume(args.max_parallel)
+        todo = sweep.resume(args.max_parallel, say)
         print(json.dumps({"sweep_dir": str(sweep.path), "rerun": todo}) if args.json else
               f"sweep {sweep.path}: running again point(s) {', '.join(map(str, todo)) or 'none (every point completed)'}")  # fmt: skip
     else:
@@ -236,7 +237,7 @@ def cmd_sweep(args) -> int:
         listed = read_points(args.points) if args.points else None
         fixed, points = sweep_points(args.overrides, listed=listed)
         if args.dry_run:
-            print(sweep_dry_run(args.job, fixed, points, say))
+            print(sweep_dry_run(args.job, fixed, points, args.max_parallel, say))
             return 0
         sweep = api.start_sweep(args.job, fixed, points, args.max_parallel, say)
         limit = sweep.sweep.config()["max_parallel"]

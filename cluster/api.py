@@ -163,7 +163,7 @@ def sweep(
 
 def start_sweep(job: str, fixed: list[str], points: list[list[str]], max_parallel: int | None, say: Say) -> SweepJob:
     created = sweep_module.create(job, fixed, points, max_parallel, say)
-    sweep_module.start(created, list(range(len(points))))
+    sweep_module.launch(created, list(range(len(points))), max_parallel, say)
     return SweepJob(created)
 
 
@@ -208,9 +208,9 @@ class SweepJob:
             if row["state"] in ("pending", "running"):
                 Job.attach(row["job_dir"]).cancel(grace_s, say)
 
-    def resume(self, max_parallel: int | None = None) -> list[int]:
+    def resume(self, max_parallel: int | None = None, say: Say = say_stderr) -> list[int]:
         """Run again the points that did not complete (and are not running); their indices."""
         todo = sweep_module.unfinished(self.table()["points"])
         if todo:
-            sweep_module.start(self.sweep, todo, max_parallel)
+            sweep_module.launch(self.sweep, todo, max_parallel, say)
         return todo

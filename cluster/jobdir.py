@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from train.config import ConfigError
 from train.protocol import (
     CHECKPOINTS,
@@ -43,6 +45,8 @@ PLAN = "plan.json"
 LAUNCH = "launch.json"  # cluster=local, docker: the steps the local launcher runs
 CONTROLLER_LOG = "controller.log"  # cluster=local, docker: the local launcher's account of the job
 SCRIPT = "job.sbatch"
+# A SLURM sweep's array: each point's batch script, in the point's job root (<log_dir>/<name>)
+ARRAY_TASK_SCRIPT = "array-task.sbatch"
 SPEC = "spec.yaml"
 TRAIN_CONFIG = "train.yaml"
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
@@ -118,7 +122,8 @@ class JobDir:
 
     def plan(self) -> dict | None:
         """plan.json as submitted; None before it is written (or in a copied, partial directory)."""
-        return json.loads(self.plan_file.read_text()) if self.plan_file.exists() else None
+        # orjson: 16,384 ranks make a 1.2 MB plan, read on every `cluster logs`
+        return orjson.loads(self.plan_file.read_bytes()) if self.plan_file.exists() else None
 
     @property
     def backend_name(self) -> str | None:
@@ -215,8 +220,10 @@ class JobDir:
         numbers = [int(m.group(1)) for name in self.names() if (m := RANK_NAME.match(name))]
         return max(numbers) + 1 if numbers else 0
 
-    def flight_recorder_files(self) -> list[Path]:
-        return sorted(self.path.glob(FLIGHT_RECORDER_PREFIX + "*"))
+    def flight_recorder_files(self, names: set[str] | None = None) -> list[Path]:
+        """NCCL's flight recorder dumps; ``names``: the directory's listing, where one was made."""
+        names = self.names() if names is None else names
+        return sorted(self.path / n for n in names if n.startswith(FLIGHT_RECORDER_PREFIX))
 
     def write(self, files: dict[str, str]) -> None:
         """Write the job's files, each atomically: a rank never reads half a config."""

@@ -30,8 +30,10 @@ def describe_program(spec: JobSpec) -> str:
     return f"{spec.program.kind} {spec.program.target} (launcher {spec.program.launcher})"
 
 
-def render(spec: JobSpec, plan: Plan, request: Request, source: str = "") -> str:
-    job_dir = f"{job_root(spec.log_dir, spec.name)}/$SLURM_JOB_ID"
+def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id: str = "$SLURM_JOB_ID") -> str:
+    """The batch script; ``job_id``: how it names its job directory (an array's task: the
+    backend's ``array_task_id``)."""
+    job_dir = f"{job_root(spec.log_dir, spec.name)}/{job_id}"
     files = job_files(spec, plan)
     lines = ["#!/bin/bash"]
     lines.append(f"# {spec.name}: {plan.nodes} node(s) x {plan.tasks_per_node} task(s) = {plan.world_size} ranks"

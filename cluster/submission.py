@@ -46,11 +46,14 @@ def node_python(spec: JobSpec) -> str:
     return "python" if in_image else sys.executable
 
 
-def submission(spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False) -> Submission:
-    """Everything the backend gets: the request, the script ``render`` prints, the job's files."""
+def submission(
+    spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False, job_id: str | None = None
+) -> Submission:
+    """Everything the backend gets: the request, the script ``render`` prints, the job's files.
+    ``job_id``: how the script names its job (an array's task), where not SLURM's job id."""
     python = node_python(spec)
     request = make_request(spec, plan, python, preflight_only)
-    script = render(spec, plan, request, source)
+    script = render(spec, plan, request, source, *([job_id] if job_id else []))
     files = job_files(spec, plan, script)
     return Submission(request, plan, script, files, job_root(spec.log_dir, spec.name), python)
 

@@ -6,9 +6,11 @@ instead); every other override holds for every point. Every point is validated b
 anything runs. The sweep's directory (``<log_dir>/<name>/sweep-<time>``) holds ``sweep.json``
 (the spec, the overrides, the points), ``jobs.jsonl`` (each submission of a point: its job
 directory) and one directory per point (``p0003``) that is the point's ``log_dir``: its jobs
-are ``p0003/<name>/<job id>``. A runner (``cluster.sweep_runner``) submits the points through
-the spec's backend with at most ``max_parallel`` unfinished at once; one point failing does
-not stop the others, and ``resume`` runs again only the points that did not complete.
+are ``p0003/<name>/<job id>``. On a backend with job arrays (SLURM) the points are one array,
+one submission, ``max_parallel`` running at once (``%N``), where they share one allocation;
+elsewhere a runner (``cluster.sweep_runner``) submits them through the spec's backend, at most
+``max_parallel`` unfinished at once. One point failing does not stop the others, and
+``resume`` runs again only the points that did not complete.
 """
 
 from __future__ import annotations
@@ -26,16 +28,17 @@ from pathlib import Path
 
 import yaml
 
-from cluster import processes
-from cluster.jobdir import job_root
+from cluster import backends, processes
+from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
-from cluster.submission import load_spec
+from cluster.submission import load_spec, submission
 from train.config import ConfigError, parse_override
 
 SWEEP = "sweep.json"
 JOBS = "jobs.jsonl"
 RUNNER = "runner.json"
 RUNNER_LOG = "runner.log"
+ARRAY_SCRIPT = "array.sbatch"
 
 
 def parse_grid(texts: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -72,16 +75,48 @@ def sweep_points(texts: list[str], axes=(), listed: list[list[str]] | None = Non
     return fixed, listed
 
 
-def dry_run(job: str, fixed: list[str], points: list[list[str]], say) -> str:
-    """The points, and exactly what point 0 would run (each point differs by its overrides)."""
+def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: int | None, say) -> str:
+    """The points, and exactly what would be submitted: the job array (on a scheduler with
+    arrays), or what point 0 would run (each point differs by its overrides)."""
     loaded = check_points(job, fixed, points, say)
+    spec = loaded[0][0]
     lines = [f"{len(points)} point(s) of {job} {' '.join(fixed)}".rstrip() + ", each a job of its own:"]
-    for i, ((spec, plan), point) in enumerate(zip(loaded, points)):
-        lines.append(
-            f"  point {i}: {' '.join(point)}  ({plan.world_size} ranks on {spec.nodes} node(s), {spec.cluster})"
-        )
+    for i, ((point_spec, plan), point) in enumerate(zip(loaded, points)):
+        lines.append(f"  point {i}: {' '.join(point)}  ({plan.world_size} ranks on {point_spec.nodes} node(s))")
+    path, backend = next_path(spec), backends.get(spec.cluster)
+    if backend.array_task_id:
+        indices = list(range(len(points)))
+        jobs = submissions(job, [point_overrides(fixed, p, path, i) for i, p in enumerate(points)], backend)
+        script = backend.array_script(jobs, indices, parallel_limit(spec, len(points), max_parallel), path)
+        if script is not None:
+            lines += ["", f"# --- the job array: one sbatch, nothing was submitted (the sweep: {path}) ---", script]
+            lines += [f"# --- point 0's batch script, as the array's task 0 runs it ({ARRAY_TASK_SCRIPT}) ---"]
+            return "\n".join([*lines, jobs[0].script])
+        lines += ["", "# the points ask for different allocations: each is a job of its own (no array)"]
     lines += ["", "# --- point 0, as each point is submitted (nothing was) ---", dry_run_loaded(*loaded[0], source=job)]
     return "\n".join(lines)
+
+
+def point_overrides(fixed: list[str], point: list[str], path: Path, index: int) -> list[str]:
+    """A point's overrides: the sweep's, its own, and its directory as its log_dir."""
+    return [*fixed, *point, f"log_dir={(path / f'p{index:04d}').resolve()}"]
+
+
+def submissions(job: str, overrides: list[list[str]], backend) -> list:
+    """Each point's submission, its batch script rendered as an array's task."""
+    quiet = lambda text: None  # noqa: E731 - every point was validated, and its notes said, before
+    return [submission(*load_spec(job, o, quiet), source=job, job_id=backend.array_task_id) for o in overrides]
+
+
+def parallel_limit(spec, points: int, max_parallel: int | None) -> int:
+    """At most this many points unfinished at once: one machine for local and docker points
+    (one at a time unless asked), a scheduler queues them (all)."""
+    return max_parallel or (points if backends.get(spec.cluster).array_task_id else 1)
+
+
+def next_path(spec) -> Path:
+    """Where a sweep of ``spec`` started now goes (``create`` makes it, or the next free name)."""
+    return job_root(spec.log_dir, spec.name) / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def read_points(path: str) -> list[list[str]]:
@@ -116,9 +151,8 @@ class Sweep:
         return self.path / f"p{index:04d}"
 
     def overrides(self, index: int) -> list[str]:
-        """All of a point's overrides: the sweep's, the point's, and its log_dir."""
         config = self.config()
-        return [*config["fixed"], *config["points"][index], f"log_dir={self.point_dir(index).resolve()}"]
+        return point_overrides(config["fixed"], config["points"][index], self.path, index)
 
     def jobs(self) -> dict[int, dict]:
         """Each point's latest submission: {"job_dir": ...} or {"error": ...} where it failed to submit."""
@@ -175,22 +209,37 @@ def create(job: str, fixed: list[str], points: list[list[str]], max_parallel: in
     spec = loaded[0][0]
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError("--max-parallel", f"must be at least 1, got {max_parallel}")
-    # One machine for local and docker points: one at a time unless asked; a scheduler queues them.
-    limit = max_parallel or (len(points) if spec.cluster == "slurm" else 1)
-    root = job_root(spec.log_dir, spec.name)
-    root.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = next_path(spec)
+    base.parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count():
-        path = root / (f"sweep-{stamp}" + (f"-{n}" if n else ""))
+        path = base.with_name(base.name + (f"-{n}" if n else ""))
         try:
             path.mkdir()
             break
         except FileExistsError:
             continue
+    limit = parallel_limit(spec, len(points), max_parallel)
     config = {"job": job, "cwd": str(Path.cwd()), "cluster": spec.cluster, "fixed": fixed, "points": points,
               "max_parallel": limit, "python": sys.executable}  # fmt: skip
     (path / SWEEP).write_text(json.dumps(config, indent=1))
     return Sweep(path)
+
+
+def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> str:
+    """Run these points: one job array where the backend has arrays and the points share one
+    allocation, else the sweep's runner. Which it was: "array" or "runner"."""
+    config = sweep.config()
+    backend, limit = backends.get(config["cluster"]), max_parallel or config["max_parallel"]
+    if backend.array_task_id:
+        jobs = submissions(config["job"], [sweep.overrides(i) for i in indices], backend)
+        if (script := backend.array_script(jobs, indices, limit, sweep.path)) is not None:
+            (sweep.path / ARRAY_SCRIPT).write_text(script)  # the latest array, for the curious
+            for index, job_dir in zip(indices, backend.submit_array(jobs, indices, limit, sweep.path)):
+                sweep.record(index, job_dir=str(job_dir))
+            return "array"
+        say("the points ask for different allocations (nodes, GPUs, time ...): each is a job of its own")
+    start(sweep, indices, max_parallel)
+    return "runner"
 
 
 def start(sweep: Sweep, indices: list[int], max_parallel: int | None = None) -> None:

@@ -108,11 +108,17 @@ def job_processes() -> dict[int, str]:
     return found
 
 
-def slurm_jobs() -> list[str]:
+def slurm_jobs(under: Path) -> list[str]:
+    """The queued SLURM jobs of this session: their output goes under ``under`` (every test's
+    jobs write in its tmp_path). Another session's jobs beside it are left alone: cancelling
+    them ended a running suite's job once."""
     if shutil.which("squeue") is None:
         return []
-    out = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True)
-    return out.stdout.splitlines() if out.returncode == 0 else []
+    out = subprocess.run(
+        ["squeue", "-h", "-O", "JobID:30,Name:30,State:20,STDOUT:1000"], capture_output=True, text=True
+    )
+    rows = [line.split(maxsplit=3) for line in out.stdout.splitlines()] if out.returncode == 0 else []
+    return [" ".join(row[:3]) for row in rows if len(row) == 4 and row[3].startswith(str(under))]
 
 
 def pytest_sessionstart(session):
@@ -142,13 +148,15 @@ def pytest_sessionfinish(session, exitstatus):
     temp = session.config._tmp_path_factory.getbasetemp()  # every test's jobs write under it
     left = job_processes
     try:  # teardowns of the last test's job may still be running
-        wait_until(lambda: not left() and not slurm_jobs() and not docker_objects(temp), 30, "the suite's jobs", 1.0)
+        wait_until(
+            lambda: not left() and not slurm_jobs(temp) and not docker_objects(temp), 30, "the suite's jobs", 1.0
+        )
         return
     except WaitTimeout:
         pass
     report = session.config.pluginmanager.get_plugin("terminalreporter")
     say = (lambda text: report.write_line(text, red=True)) if report else print
-    survivors, queued, containers = left(), slurm_jobs(), docker_objects(temp)
+    survivors, queued, containers = left(), slurm_jobs(temp), docker_objects(temp)
     say(f"LEFT BEHIND: {len(survivors)} process(es), {len(queued)} SLURM job(s) and {len(containers)} "
         "container(s) or network(s) of the suite's jobs")  # fmt: skip
     for pid, cmd in survivors.items():

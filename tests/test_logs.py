@@ -104,7 +104,9 @@ def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_pat
     from cluster.logs.plot import step_time_grid
 
     job = make_job(tmp_path, world=8, lines=100, silent_rank=5, slow_rank=2)
-    order, grid, t0, t1 = step_time_grid(inspect(job, running=True, silent_after_s=30, now=START + 100))
+    order, grid, t0, t1 = step_time_grid(
+        inspect(job, running=True, silent_after_s=30, now=START + 100, step_times=True)
+    )
     assert [r.rank for r in order] == list(range(8)) and [r.node for r in order] == [0] * 4 + [1] * 4
     values = [{v for v in row if not math.isnan(v)} for row in grid]
     assert values[2] == {15.0} and all(values[r] == {10.0} for r in (0, 1, 3, 4, 6, 7))
@@ -115,7 +117,11 @@ def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_pat
 def test_plot_of_1024_ranks_is_one_image_with_the_failure_marked(tmp_path):
     from cluster.logs.plot import plot_step_times
 
-    report = inspect(make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8), running=False)
+    report = inspect(
+        make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8),
+        running=False,
+        step_times=True,
+    )
     drawn = plot_step_times(report, tmp_path / "plot.png")
     assert drawn["rows"] == list(range(1024)) and drawn["failure"].startswith("first failure: rank 341 (failed)")
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG"
@@ -131,15 +137,15 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
 
     times = [(s, 10.0, START + s / 100) for s in range(20, 121, 20)]
     times += [(s, 10.0, START + 9.0 + (s - 100) / 100) for s in range(120, 201, 20)]
-    ranks = [
-        RankReport(rank=r, node=r // 2, host=f"n{r // 2 + 1}", state="completed", step_times=times) for r in (0, 1)
-    ]
+    ranks = [RankReport(rank=r, node=r // 2, host=f"n{r // 2 + 1}", state="completed") for r in (0, 1)]
     attempts = [
         {"attempt": 0, "nodes": ["n1", "n2"], "started": START - 1, "verdict": "restart", "failed_at": START + 1.3,
          "rank": 1, "node": "n1", "excluded": [["n1", "the culprit's node"]]},
         {"attempt": 1, "nodes": ["n2", "n3"], "started": START + 2.0, "verdict": None},
     ]  # fmt: skip
-    report = Report(str(tmp_path), 2, ranks, None, {}, [], False, attempts=attempts, restarts=1)
+    report = Report(
+        str(tmp_path), 2, ranks, None, {}, [], False, attempts=attempts, restarts=1, step_times={0: times, 1: times}
+    )
     order, grid, t0, t1 = step_time_grid(report, columns=100)
     at = lambda t: int((t - t0) / (t1 - t0) * 100)  # noqa: E731
     assert not math.isnan(grid[0][at(START + 1.1)]) and not math.isnan(grid[0][at(START + 9.1)])

@@ -736,3 +736,35 @@ def test_your_own_script_gets_the_signal_saves_its_checkpoint_and_resumes_after_
         wait_for_line(job_dir / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=120)
     finally:
         subprocess.run(["scancel", job_id], check=False)
+
+
+def test_a_sweep_is_one_job_array_with_a_table_of_points_and_resume_reruns_the_failed_one(tmp_path):
+    """4 points of 2 nodes x 2 ranks, at most 2 at once: one sbatch (every point's job is a task
+    of one array), a row per point, the failed point's culprit; --resume reruns only it."""
+    points = tmp_path / "points.yaml"
+    points.write_text(
+        "- {optim.lr: 0.05, parallel.strategy: ddp}\n- {optim.lr: 0.05, parallel.strategy: zero1}\n"
+        "- {optim.lr: 0.1, parallel.strategy: ddp, train.fail_at_step: 6, train.fail_rank: 3}\n"
+        "- {optim.lr: 0.1, parallel.strategy: zero1}\n"
+    )
+    small = ["nodes=2", "tasks_per_node=2", "gpus_per_node=0", "train.steps=12", "train.log_every=4",
+             "train.eval_every=12", "train.batch_size=64"]  # fmt: skip
+    result = run_module("cluster", "sweep", "jobs/multi_node.yaml", *FIT, *small, f"log_dir={tmp_path}",
+                        "--points", str(points), "--max-parallel", "2", "--json", "--wait", timeout=900)  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr  # a point failed
+    sweep_dir = Path(json.loads(result.stdout.splitlines()[0])["sweep_dir"])
+    assert "#SBATCH --array=0-3%2" in (sweep_dir / "array.sbatch").read_text()
+    entries = [json.loads(line) for line in (sweep_dir / "jobs.jsonl").read_text().splitlines()]
+    tasks = [Path(e["job_dir"]).name.split("_") for e in entries]
+    assert len({array for array, _ in tasks}) == 1 and [int(t) for _, t in tasks] == [0, 1, 2, 3]
+    table = json.loads(run_module("cluster", "logs", str(sweep_dir), "--json").stdout)
+    assert [p["state"] for p in table["points"]] == ["completed", "completed", "failed", "completed"]
+    assert table["points"][2]["first_failure"]["rank"] == 3
+    assert all(p["metrics"]["test_loss"] > 0 for p in table["points"] if p["state"] == "completed")
+    assert table["best"]["point"] in (0, 1, 3)
+
+    resumed = run_module("cluster", "sweep", "--resume", str(sweep_dir), "--json", "--wait", timeout=600)
+    assert json.loads(resumed.stdout.splitlines()[0])["rerun"] == [2]
+    last = json.loads((sweep_dir / "jobs.jsonl").read_text().splitlines()[-1])
+    array, task = Path(last["job_dir"]).name.split("_")
+    assert (last["point"], task) == (2, "2") and array != tasks[0][0]

@@ -143,3 +143,30 @@ def test_the_api_is_the_package(tmp_path):
     code = "import sys, cluster; print('cluster.api' in sys.modules, callable(cluster.submit), cluster.Job.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "Job"]
+
+
+def test_a_slurm_sweep_is_one_array_when_its_points_share_an_allocation(tmp_path):
+    from cluster.backends import BACKENDS
+    from cluster.sweep import point_overrides, submissions
+
+    slurm = BACKENDS["slurm"]
+    same = [["optim.lr=0.1"], ["optim.lr=1"], ["optim.lr=10"]]
+    jobs = submissions("jobs/multi_node.yaml", [point_overrides([], p, tmp_path, i) for i, p in enumerate(same)], slurm)
+    script = slurm.array_script(jobs, [0, 1, 2], 2, tmp_path)
+    assert "#SBATCH --array=0-2%2" in script and f"#SBATCH --output={tmp_path}/slurm-%A_%a.log" in script
+    assert script.count("#SBATCH --output") == 1 and "#SBATCH --nodes=2" in script
+    assert f"  2) ROOT={tmp_path}/p0002/multi-node ;;" in script
+    assert f'JOB_DIR="{tmp_path}/p0000/multi-node/${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"' in jobs[0].script
+    other = submissions(
+        "jobs/multi_node.yaml", [point_overrides([], [f"nodes={n}"], tmp_path, n) for n in (1, 2)], slurm
+    )
+    assert slurm.array_script(other, [1, 2], 2, tmp_path) is None  # one array asks for one allocation
+    assert not list(tmp_path.iterdir())  # pure: nothing written
+
+
+def test_a_slurm_sweeps_dry_run_prints_the_array_and_the_points(tmp_path):
+    result = run_module("cluster", "sweep", "jobs/multi_node.yaml", "optim.lr=0.1,1", f"log_dir={tmp_path}",
+                        "--max-parallel", "1", "--dry-run")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --array=0-1%1" in result.stdout and "point 1: optim.lr=1" in result.stdout
+    assert 'exec bash "$ROOT/array-task.sbatch"' in result.stdout and not list(tmp_path.rglob("*"))

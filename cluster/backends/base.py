@@ -80,6 +80,10 @@ class Backend:
     name: ClassVar[str]
     in_image: ClassVar[bool] = False  # the nodes run the spec's container.image themselves
     restarts: ClassVar[bool] = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
+    # Job arrays (a sweep in one submission): how the batch script of an array's task names
+    # its job (its directory's name); None where the backend has no arrays (a sweep's runner
+    # submits the points one by one).
+    array_task_id: ClassVar[str | None] = None
 
     def check(self, spec: JobSpec) -> None:
         """Refuse (ConfigError naming the key) what this backend cannot run; called by the spec's validation."""
@@ -101,6 +105,16 @@ class Backend:
 
     def submit(self, job: Submission) -> JobDir:
         """Start the job; its directory (named by the job id) holds ``job.files``."""
+        raise NotImplementedError
+
+    def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:
+        """The one script that runs ``jobs`` (rendered with ``array_task_id``) as the tasks
+        ``indices`` of an array, ``max_parallel`` at once, its own output under ``root``; None
+        where they cannot share one (they ask for different allocations)."""
+        raise NotImplementedError
+
+    def submit_array(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> list[JobDir]:
+        """Submit ``array_script``'s array (it must not be None); each job's directory, in order."""
         raise NotImplementedError
 
     def state(self, job: JobDir) -> State:

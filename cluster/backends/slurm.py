@@ -7,14 +7,17 @@ needs slurmdbd, which many clusters (and the test minicluster) lack.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import subprocess
+from pathlib import Path
 
 from cluster.backends.base import Backend, Say, State, Submission
-from cluster.jobdir import JobDir
+from cluster.jobdir import ARRAY_TASK_SCRIPT, JobDir
 from cluster.poll import WaitTimeout, wait_until
 from cluster.processes import native_stack
+from cluster.stacks import compress
 from train.config import ConfigError
 
 # What a pending job's Reason means for its owner (SLURM's job_reason_codes page): the
@@ -71,6 +74,40 @@ def sbatch(script: str) -> str:
 class SlurmBackend(Backend):
     name = "slurm"
     restarts = True
+    array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
+
+    def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:
+        # One array asks for one allocation per task: every point must ask for the same.
+        allocations = {tuple(o for o in job.request.sbatch if not o.startswith("--output=")) for job in jobs}
+        if len(allocations) != 1:
+            return None
+        cases = [f"  {i}) ROOT={shlex.quote(str(job.job_root.resolve()))} ;;" for i, job in zip(indices, jobs)]
+        return "\n".join([
+            "#!/bin/bash",
+            f"# {len(jobs)} point(s) of a sweep as one job array, at most {max_parallel} at once. Each task",
+            "# runs its point's batch script, rendered as for one job, from the point's job root, and",
+            "# writes its output beside it (slurm-<array job id>_<task>.log).",
+            *(f"#SBATCH {option}" for option in sorted(allocations.pop(), key=lambda o: not o.startswith("--job-name"))),
+            f"#SBATCH --output={root.resolve()}/slurm-%A_%a.log",
+            f"#SBATCH --array={compress(indices)}%{max_parallel}",
+            "set -euo pipefail",
+            'case "$SLURM_ARRAY_TASK_ID" in', *cases, "esac",
+            'mkdir -p "$ROOT"',
+            'exec >> "$ROOT/slurm-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.log" 2>&1',
+            f'exec bash "$ROOT/{ARRAY_TASK_SCRIPT}"',
+            "",
+        ])  # fmt: skip
+
+    def submit_array(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> list[JobDir]:
+        script = self.array_script(jobs, indices, max_parallel, root)
+        for job in jobs:  # before the array: a task may start at once
+            job.job_root.mkdir(parents=True, exist_ok=True)
+            (job.job_root / ARRAY_TASK_SCRIPT).write_text(job.script)
+        array_id = sbatch(script)
+        dirs = [JobDir(job.job_root / f"{array_id}_{i}") for job, i in zip(jobs, indices)]
+        for job, job_dir in zip(jobs, dirs):
+            job_dir.write(job.files)
+        return dirs
 
     def dry_run(self, job: Submission) -> str:
         return "# --- the script sbatch would receive (nothing was submitted) ---\n" + job.script

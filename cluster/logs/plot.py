@@ -19,7 +19,7 @@ def step_time_grid(report: Report, columns: int = 400) -> tuple[list[RankReport]
     restarts = [a["started"] for a in report.attempts[1:]]
     for r in order:
         prev, prev_step, n = None, 0, 0
-        for step, ms, t in r.step_times:
+        for step, ms, t in report.step_times.get(r.rank, []):
             n = step - prev_step if step > prev_step else n  # after a restart: the interval seen before
             continuous = prev is not None and step > prev_step and not any(prev < s < t for s in restarts)
             spans[r.rank].append((prev if continuous else t - n * ms / 1e3, t, ms))

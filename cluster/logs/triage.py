@@ -22,6 +22,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from cluster import backends, stacks
 from cluster.attempt_history import restarts_used, summary
 from cluster.jobdir import ATTEMPTS, JobDir
@@ -63,7 +65,6 @@ class RankReport:
     cascade: bool = False
     straggler: bool = False
     log: str = ""
-    step_times: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ms/step, record time)
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Report:
     flight_recorder: dict | None = None
     attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.attempts.summary
     restarts: int = 0
+    # rank -> its (step, ms/step, record time) from its step records: inspect(step_times=True), for --plot
+    step_times: dict[int, list[tuple[int, float, float]]] = field(default_factory=dict)
 
     @property
     def completed(self) -> int:
@@ -89,14 +92,17 @@ class Report:
         return any(r.state in FAILED_STATES for r in self.ranks)
 
     def to_json(self) -> dict:
-        # vars(), not asdict(): no deep copy of every field of 16,384 ranks (two seconds)
-        ranks = [{k: v for k, v in vars(r).items() if k != "step_times"} for r in self.ranks]
+        """What ``cluster logs --json`` prints (``cluster.logs.text.report_json``)."""
+        return {**self.to_json_but_ranks(), "ranks": orjson.loads(orjson.dumps(self.ranks))}
+
+    def to_json_but_ranks(self) -> dict:
+        """``to_json`` in its order, ``ranks`` left as RankReports (orjson writes them as they are)."""
         return {
             "job_dir": self.job_dir,
             "world_size": self.world_size,
             "completed": self.completed,
             "running": self.running,
-            "ranks": ranks,
+            "ranks": self.ranks,
             "first_failure": self.first_failure,
             "cascade": self.cascade,
             "stragglers": self.stragglers,
@@ -120,13 +126,16 @@ def inspect(
     silent_after_s: float = 300.0,
     straggler_margin: float = 0.2,
     now: float | None = None,
+    step_times: bool = False,
 ) -> Report:
+    """Every rank's state, the first failure and its cascade, hangs, stragglers, attempts.
+    ``step_times``: keep each rank's step times (``--plot``)."""
     job_dir = JobDir(job_dir)
     plan = job_dir.plan()
     if running is None:
         running = job_is_running(job_dir)
     now = time.time() if now is None else now
-    world = job_dir.world_size()
+    world = plan["world_size"] if plan else job_dir.world_size()
     slots = {r["rank"]: r for r in plan["ranks"]} if plan else {}
     names = job_dir.names()
     ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
@@ -134,7 +143,7 @@ def inspect(
     require_progress = bool(program.get("require_progress"))
     killed_by = "" if running else scheduler_kill(job_dir, plan)
     rank_state = functools.partial(
-        rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by
+        rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by, step_times
     )
     workers = min(os.cpu_count() or 1, world // PARALLEL_FROM)
     reports = None
@@ -143,11 +152,13 @@ def inspect(
         try:
             with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("fork")) as pool:
                 others = pool.map(rank_state, chunks[1:])
-                reports = rank_state(chunks[0]) + [r for part in others for r in part]  # this process reads too
+                parts = [rank_state(chunks[0]), *others]  # this process reads too
+                reports = [r for part, _ in parts for r in part]
+                times = {rank: t for _, part in parts for rank, t in part.items()}
         except OSError:  # no working semaphores (a container without /dev/shm): read them here
             reports = None
     if reports is None:
-        reports = rank_state(ranks)
+        reports, times = rank_state(ranks)
     attempts = summary(job_dir) if ATTEMPTS in names else []
     if attempts and plan:  # min_nodes: the last attempt ran on fewer nodes than planned
         world = len(attempts[-1]["nodes"]) * plan["tasks_per_node"]
@@ -157,9 +168,9 @@ def inspect(
     first, cascade = triage(reports, hang)
     # Retired ranks' step times are of a larger world's: no peers to compare them with.
     stragglers = find_stragglers([r for r in reports if r.state != "retired"], straggler_margin)
-    recorder = stacks.flight_recorder(job_dir.flight_recorder_files())
+    recorder = stacks.flight_recorder(job_dir.flight_recorder_files(names))
     report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder, attempts)
-    report.restarts = (plan or {}).get("restarts", 0)
+    report.restarts, report.step_times = (plan or {}).get("restarts", 0), times
     return report
 
 
@@ -171,18 +182,20 @@ def rank_reports(
     silent_after_s: float,
     require_progress: bool,
     killed_by: str,
+    keep_step_times: bool,
     ranks: list[tuple[int, dict]],
-) -> list[RankReport]:
-    """Each rank's state from its records and its last log (one worker's share of ``inspect``)."""
-    reports = []
+) -> tuple[list[RankReport], dict[int, list[tuple[int, float, float]]]]:
+    """Each rank's state from its records and its last log (one worker's share of ``inspect``),
+    and where asked each rank's step times."""
+    reports, times = [], {}
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
-        final, end, preempted, trained, progress = False, None, None, False, None
+        final, end, preempted, trained, progress, step_times = False, None, None, False, None, []
         records_name = record_name(rank)
         if records_name in names:
             # One pass over the records (thousands of ranks: every step of it counts). A start
             # record begins an attempt; the last attempt's records decide how the rank ended.
-            latest, step, attempt_step, step_times = 0.0, None, None, []
+            latest, step, attempt_step = 0.0, None, None
             for rec in read_records(job_dir.file(records_name)):
                 event, at = rec.get("event"), rec.get("time") or 0.0
                 latest = max(latest, at)
@@ -206,7 +219,8 @@ def rank_reports(
                     end = rec
                 elif event == "preempted" and preempted is None:
                     preempted = rec
-            rep.step_times = step_times
+            if keep_step_times:
+                times[rank] = step_times
             if step:
                 rep.last_step, rep.last_loss = step["step"], step.get("local_loss", step.get("train_loss"))
             # The built-in trainer's last step record says final; a user's program has an end record.
@@ -218,8 +232,8 @@ def rank_reports(
         rep.log = logs[-1] if logs else ""
         if scan["last_time"]:
             rep.last_time = max(rep.last_time or 0, scan["last_time"])
-        if rep.step_times:
-            rep.median_step_ms = statistics.median(ms for _, ms, _ in rep.step_times)
+        if step_times:
+            rep.median_step_ms = statistics.median(ms for _, ms, _ in step_times)
         rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
         rep.exit_crash = scan["exit_crash"]
         if final and end is not None and end.get("steps") == 0 and require_progress:
@@ -259,7 +273,7 @@ def rank_reports(
             rep.error_time = rep.last_time
             rep.frames = scan.get("dump_frames", [])
         reports.append(rep)
-    return reports
+    return reports, times
 
 
 def scheduler_kill(job_dir: JobDir, plan: dict | None) -> str:
