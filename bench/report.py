@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -126,6 +127,7 @@ def triage_speed(ranks: int, lines: int, rounds: int = 3) -> dict:
     say(f"log triage: {ranks} ranks x {lines} lines")
     with tempfile.TemporaryDirectory() as tmp:
         job = make_job(Path(tmp) / "job", world=ranks, lines=lines, crash_rank=ranks // 3)
+        os.sync()  # the new files written back first: the kernel's writeback must not run beside the rounds
         files = [str(p) for p in sorted(job.glob("rank_*.log"))]
         size = sum(Path(f).stat().st_size for f in files)
         ours, grep = [], []

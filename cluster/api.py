@@ -34,7 +34,8 @@ from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import load_spec, say_stderr
 from cluster.submission import submit as submit_loaded
-from train.config import ConfigError
+from cluster.sweep_dir import SWEEP, Sweep, unfinished
+from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT
 
 __all__ = ["ConfigError", "Job", "NeverStarts", "SweepJob", "dry_run", "load_spec", "plan", "submit", "sweep"]
@@ -171,13 +172,13 @@ def start_sweep(job: str, fixed: list[str], points: list[list[str]], max_paralle
 class SweepJob:
     """A sweep: its points' table, counts by state, waiting, cancelling, resuming."""
 
-    sweep: sweep_module.Sweep
+    sweep: Sweep
 
     @classmethod
     def attach(cls, path: str | Path) -> SweepJob:
-        found = sweep_module.Sweep.of(path)
+        found = Sweep.of(path)
         if found is None:
-            raise ConfigError(str(path), f"not a sweep's directory (no {sweep_module.SWEEP})")
+            raise ConfigError(str(path), f"not a sweep's directory (no {SWEEP})")
         return cls(found)
 
     @property
@@ -210,7 +211,7 @@ class SweepJob:
 
     def resume(self, max_parallel: int | None = None, say: Say = say_stderr) -> list[int]:
         """Run again the points that did not complete (and are not running); their indices."""
-        todo = sweep_module.unfinished(self.table()["points"])
+        todo = unfinished(self.table()["points"])
         if todo:
             sweep_module.launch(self.sweep, todo, max_parallel, say)
         return todo

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import orjson
 
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.protocol import (
     CHECKPOINTS,
     FLIGHT_RECORDER_PREFIX,

@@ -13,7 +13,7 @@ from cluster.backends import JobRef
 from cluster.logs.triage import inspect, job_is_running
 from cluster.poll import WaitTimeout, wait_until
 from cluster.processes import py_spy
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.protocol import DUMP_SIGNAL
 
 

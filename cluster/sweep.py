@@ -15,15 +15,11 @@ elsewhere a runner (``cluster.sweep_runner``) submits them through the spec's ba
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -32,13 +28,8 @@ from cluster import backends, processes
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import load_spec, submission
+from cluster.sweep_dir import ARRAY_SCRIPT, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from train.config import ConfigError, parse_override
-
-SWEEP = "sweep.json"
-JOBS = "jobs.jsonl"
-RUNNER = "runner.json"
-RUNNER_LOG = "runner.log"
-ARRAY_SCRIPT = "array.sbatch"
 
 
 def parse_grid(texts: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -97,11 +88,6 @@ def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: i
     return "\n".join(lines)
 
 
-def point_overrides(fixed: list[str], point: list[str], path: Path, index: int) -> list[str]:
-    """A point's overrides: the sweep's, its own, and its directory as its log_dir."""
-    return [*fixed, *point, f"log_dir={(path / f'p{index:04d}').resolve()}"]
-
-
 def submissions(job: str, overrides: list[list[str]], backend) -> list:
     """Each point's submission, its batch script rendered as an array's task."""
     quiet = lambda text: None  # noqa: E731 - every point was validated, and its notes said, before
@@ -131,54 +117,6 @@ def read_points(path: str) -> list[list[str]]:
     if not isinstance(points, list) or not points or not all(isinstance(p, dict) and p for p in points):
         raise ConfigError(path, "expected a non-empty list of mappings of overrides (dotted key: value)")
     return [[f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in p.items()] for p in points]
-
-
-@dataclass
-class Sweep:
-    """A sweep's directory."""
-
-    path: Path
-
-    @classmethod
-    def of(cls, path: str | Path) -> Sweep | None:
-        """The sweep in ``path``; None when it is no sweep's directory."""
-        return cls(Path(path)) if (Path(path) / SWEEP).is_file() else None
-
-    def config(self) -> dict:
-        return json.loads((self.path / SWEEP).read_text())
-
-    def point_dir(self, index: int) -> Path:
-        return self.path / f"p{index:04d}"
-
-    def overrides(self, index: int) -> list[str]:
-        config = self.config()
-        return point_overrides(config["fixed"], config["points"][index], self.path, index)
-
-    def jobs(self) -> dict[int, dict]:
-        """Each point's latest submission: {"job_dir": ...} or {"error": ...} where it failed to submit."""
-        path = self.path / JOBS
-        latest = {}
-        for line in path.read_text().splitlines() if path.exists() else []:
-            entry = json.loads(line)
-            latest[entry["point"]] = entry
-        return latest
-
-    def record(self, index: int, **entry) -> None:
-        with (self.path / JOBS).open("a") as f:
-            f.write(json.dumps({"point": index, "time": round(time.time(), 3), **entry}) + "\n")
-
-    def stop_runner(self) -> None:
-        """No more points submitted: the runner ends once the points it started have."""
-        if self.runner_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(json.loads((self.path / RUNNER).read_text())["pid"], signal.SIGTERM)
-
-    def runner_alive(self) -> bool:
-        path = self.path / RUNNER
-        if not path.exists():
-            return False
-        runner = json.loads(path.read_text())
-        return processes.alive(runner["pid"]) and processes.start_time(runner["pid"]) == runner["started"]
 
 
 def check_points(job: str, fixed: list[str], points: list[list[str]], say) -> list:
@@ -256,8 +194,3 @@ def start(sweep: Sweep, indices: list[int], max_parallel: int | None = None) -> 
         )  # fmt: skip
     record = {"pid": runner.pid, "started": processes.start_time(runner.pid), "points": indices}
     (sweep.path / RUNNER).write_text(json.dumps(record))
-
-
-def unfinished(rows: list[dict]) -> list[int]:
-    """The points to run again: those that did not complete and are not running."""
-    return [r["point"] for r in rows if r["state"] not in ("completed", "running", "pending")]

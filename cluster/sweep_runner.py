@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cluster.api import Job, submit
 from cluster.poll import wait_until
-from cluster.sweep import Sweep
+from cluster.sweep_dir import Sweep
 
 POLL_S = 1.0
 

@@ -11,7 +11,8 @@ import pytest
 import cluster
 from cluster.api import Job, SweepJob, override_texts
 from cluster.logs.sweep_table import format_sweep, program_metrics
-from cluster.sweep import JOBS, grid_points, parse_grid, read_points, sweep_points
+from cluster.sweep import grid_points, parse_grid, read_points, sweep_points
+from cluster.sweep_dir import JOBS
 from tests.conftest import run_module
 from tests.support.synthetic import make_job, make_sweep
 
@@ -147,7 +148,8 @@ def test_the_api_is_the_package(tmp_path):
 
 def test_a_slurm_sweep_is_one_array_when_its_points_share_an_allocation(tmp_path):
     from cluster.backends import BACKENDS
-    from cluster.sweep import point_overrides, submissions
+    from cluster.sweep import submissions
+    from cluster.sweep_dir import point_overrides
 
     slurm = BACKENDS["slurm"]
     same = [["optim.lr=0.1"], ["optim.lr=1"], ["optim.lr=10"]]

@@ -21,20 +21,13 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from train.errors import ConfigError  # here too: every user of the configuration catches it
 from train.protocol import PREEMPT_SIGNAL, parse_time_limit_signal
 
 T = TypeVar("T")
 # A str that must be given as a string: a list of program arguments like ["--epochs", 3]
 # is a mistake to report, not a number to convert.
 StrictStr = typing.NewType("StrictStr", str)
-
-
-class ConfigError(ValueError):
-    """A bad key, value, override or file. ``key`` names it (dotted key or file path)."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
 
 
 # --------------------------------------------------------------------------- sections

@@ -1,4 +1,5 @@
-"""Errors a rank reports, importable without torch (the CLI catches them around the import)."""
+"""Errors a rank reports, and bad input, importable without torch (the CLI catches them
+around the import) and without yaml (`cluster logs` starts without the configuration's machinery)."""
 
 
 class RankFailed(Exception):
@@ -7,3 +8,11 @@ class RankFailed(Exception):
 
 class NonFiniteLoss(RuntimeError):
     """The training loss turned nan or inf (``train.stop_on_nonfinite``)."""
+
+
+class ConfigError(ValueError):
+    """A bad key, value, override or file. ``key`` names it (dotted key or file path)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key

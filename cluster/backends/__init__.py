@@ -18,7 +18,7 @@ from cluster.backends.docker import DockerBackend
 from cluster.backends.local import LocalBackend
 from cluster.backends.slurm import SlurmBackend
 from cluster.jobdir import JobDir
-from train.config import ConfigError
+from train.errors import ConfigError
 
 BACKENDS: dict[str, Backend] = {"slurm": SlurmBackend(), "local": LocalBackend(), "docker": DockerBackend()}
 

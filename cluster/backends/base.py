@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from cluster.jobdir import JobDir
-from train.config import ConfigError
+from train.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: these modules import this one
     from cluster.plan import Plan

@@ -12,7 +12,7 @@ from cluster import containers, controller
 from cluster.backends.base import Backend, Say, State, Submission
 from cluster.jobdir import JobDir
 from cluster.poll import WaitTimeout, wait_until
-from train.config import ConfigError
+from train.errors import ConfigError
 
 
 class DockerBackend(Backend):

@@ -11,7 +11,7 @@ from cluster import controller, processes
 from cluster.backends.base import Backend, Say, State, Submission
 from cluster.jobdir import JobDir
 from cluster.processes import native_stack
-from train.config import ConfigError
+from train.errors import ConfigError
 
 MASTER = "127.0.0.1"
 

@@ -18,7 +18,7 @@ from cluster.jobdir import ARRAY_TASK_SCRIPT, JobDir
 from cluster.poll import WaitTimeout, wait_until
 from cluster.processes import native_stack
 from cluster.stacks import compress
-from train.config import ConfigError
+from train.errors import ConfigError
 
 # What a pending job's Reason means for its owner (SLURM's job_reason_codes page): the
 # first ones pass by themselves; the configuration ones need a changed request.

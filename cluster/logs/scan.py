@@ -30,7 +30,7 @@ EXIT_TAIL = 8192
 # A rank's records date its progress: lines stamped more than this before its last one were
 # written while it still made progress, so its failure lies after them (same clock: one node).
 PROGRESS_SLACK_S = 5.0
-TAIL_FIRST = 16384
+TAIL_FIRST = 8192
 
 
 def parse_stamp(line: bytes) -> float | None:
@@ -92,7 +92,8 @@ def find_call_order(buf, start: int, hops: int = 64) -> int:
 def since_progress(fd: int, size: int, progress: float):
     """The log's end from the last line stamped before ``progress - PROGRESS_SLACK_S``: a
     window read from the end, grown fourfold until its first stamped line is that old (or
-    it is the whole file). Most ranks record progress every few dozen lines: 16 KB does.
+    it is the whole file). The built-in trainer writes a record per line it prints; a program
+    under the shim records its optimizer steps: two pages usually hold what came after.
     None where the window would reach READ_LIMIT: the caller maps the whole file."""
     window = TAIL_FIRST
     while window < READ_LIMIT:

@@ -15,7 +15,7 @@ from pathlib import Path
 from cluster import backends
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
-from cluster.sweep import Sweep
+from cluster.sweep_dir import Sweep
 from train.protocol import read_records, record_name, strip_stamp
 
 TRAINER_METRICS = ("train_loss", "test_loss", "test_acc")

@@ -190,7 +190,7 @@ def rank_reports(
     reports, times = [], {}
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
-        final, end, preempted, trained, progress, step_times = False, None, None, False, None, []
+        final, end, preempted, trained, progress, step_ms, step_times = False, None, None, False, None, [], []
         records_name = record_name(rank)
         if records_name in names:
             # One pass over the records (thousands of ranks: every step of it counts). A start
@@ -202,8 +202,10 @@ def rank_reports(
                 if event == "step":
                     step = attempt_step = rec
                     trained, progress = True, at
-                    if rec.get("step_ms") is not None:
-                        step_times.append((rec["step"], rec["step_ms"], at))
+                    if (ms := rec.get("step_ms")) is not None:
+                        step_ms.append(ms)
+                        if keep_step_times:
+                            step_times.append((rec["step"], ms, at))
                 elif event == "start":
                     env = rec.get("env", {})
                     rep.host, rep.node, rep.pid = (
@@ -232,8 +234,8 @@ def rank_reports(
         rep.log = logs[-1] if logs else ""
         if scan["last_time"]:
             rep.last_time = max(rep.last_time or 0, scan["last_time"])
-        if step_times:
-            rep.median_step_ms = statistics.median(ms for _, ms, _ in step_times)
+        if step_ms:
+            rep.median_step_ms = statistics.median(step_ms)
         rep.error, rep.error_time, rep.frames = scan["error"], scan["error_time"], scan["frames"]
         rep.exit_crash = scan["exit_crash"]
         if final and end is not None and end.get("steps") == 0 and require_progress:
