@@ -172,3 +172,20 @@ def test_a_slurm_sweeps_dry_run_prints_the_array_and_the_points(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --array=0-1%1" in result.stdout and "point 1: optim.lr=1" in result.stdout
     assert 'exec bash "$ROOT/array-task.sbatch"' in result.stdout and not list(tmp_path.rglob("*"))
+
+
+def test_a_jobspec_object_and_keyword_overrides_are_the_cli_s_spec_and_overrides(tmp_path):
+    from cluster.spec import JobSpec
+    from train.config import load
+
+    text = cluster.dry_run("jobs/local.yaml", "train.steps=7", tasks_per_node=2, log_dir=str(tmp_path))
+    cli = run_module("cluster", "submit", "jobs/local.yaml", "train.steps=7", "tasks_per_node=2", f"log_dir={tmp_path}",
+                     "--dry-run")  # fmt: skip
+    assert text in cli.stdout and "steps: 7" in text  # the CLI prints the plan, then the same text
+    spec = load(JobSpec, "jobs/local.yaml")  # a spec object: the same, but for the file it came from
+    from_object = cluster.dry_run(spec, "train.steps=7", tasks_per_node=2, log_dir=str(tmp_path))
+    assert from_object == text.replace(", rendered from jobs/local.yaml", "")
+    with pytest.raises(cluster.ConfigError) as bad:
+        cluster.dry_run(spec, **{"parallel.strategy": "nosuch"})
+    assert bad.value.key == "parallel.strategy"
+    assert not list(tmp_path.iterdir())
