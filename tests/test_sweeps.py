@@ -74,8 +74,11 @@ def test_the_table_has_a_row_per_point_the_culprit_of_a_failed_one_and_the_best(
     text = format_sweep(table)
     assert re.search(r"3 +optim.lr=0.4 +completed .*<- best", text)
     assert "rank 1: RuntimeError: CUDA error" in text
-    result = run_module("cluster", "logs", str(sweep.path), "--json", "--metric", "test_loss", "--mode", "max")
+    plot = tmp_path / "sweep.png"
+    result = run_module("cluster", "logs", str(sweep.path), "--json", "--metric", "test_loss", "--mode", "max",
+                        "--plot", str(plot))  # fmt: skip
     assert result.returncode == 1 and json.loads(result.stdout)["best"]["point"] == 0  # a point failed: exit 1
+    assert plot.read_bytes()[:4] == b"\x89PNG"  # the metric against optim.lr
 
 
 def test_a_programs_metrics_are_the_last_numeric_fields_rank_0_printed(tmp_path):
