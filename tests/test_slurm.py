@@ -4,6 +4,7 @@
 root); where it cannot work (not root, no apt) these tests skip with the printed reason.
 """
 
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -451,8 +452,16 @@ def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(t
     try:
         for start in [wait_for_step(job_dir, rank, 120) for rank in (2, 3)]:
             kill_rank(start)
-        for rank in (2, 3):
-            kill_rank(wait_until(lambda rank=rank: second_start(rank), 180, f"rank {rank}'s second attempt", 0.05))
+
+        # Both of the second attempt's starts first: killing rank 2 ends that attempt, and a rank 3
+        # that had not yet written its start would be found, and killed, in the third.
+        def both_started():
+            starts = [second_start(rank) for rank in (2, 3)]
+            return all(starts) and starts
+
+        for start in wait_until(both_started, 180, "ranks 2 and 3 of the second attempt", 0.05):
+            with contextlib.suppress(ProcessLookupError):  # rank 3 may be gone with its attempt
+                kill_rank(start)
         state = ended_by_itself(job_id)
     finally:
         subprocess.run(["scancel", job_id], check=False)
