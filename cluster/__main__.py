@@ -255,8 +255,8 @@ def cmd_sweep(args) -> int:
     # LAZY: each command imports what it uses (the module docstring)
     from cluster import api
     from cluster.logs.sweep_table import format_sweep
-    from cluster.sweep import dry_run as sweep_dry_run
-    from cluster.sweep import read_points, sweep_points
+    from cluster.sweeps import dry_run as sweep_dry_run
+    from cluster.sweeps import read_points, sweep_points
 
     if args.resume:
         sweep = api.SweepJob.attach(args.resume)

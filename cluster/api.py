@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster import sweep as sweep_module
+from cluster import sweeps as sweep_module
 from cluster.attempt_history import restarts_used, summary
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State

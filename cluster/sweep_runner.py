@@ -1,7 +1,7 @@
 """A sweep's runner (``python -m cluster.sweep_runner SWEEP_DIR MAX_PARALLEL POINT...``):
 submits the points through the spec's backend, at most MAX_PARALLEL unfinished at once, and
 records each submission in the sweep's jobs.jsonl. A point that fails to submit or to run
-does not stop the others. Started by ``cluster.sweep.start``; its account goes to runner.log."""
+does not stop the others. Started by ``cluster.sweeps.start``; its account goes to runner.log."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
     config = sweep.config()
     os.chdir(config["cwd"])  # the spec's path and its relative paths are the submitter's
     running: dict[int, Job] = {}
-    # Cancelled (cluster.sweep's stop_runner): no point starts after this; the running ones end.
+    # Cancelled (cluster.sweep_dir's stop_runner): no point starts after this; the running ones end.
     signal.signal(signal.SIGTERM, lambda *_: queue.clear())
 
     def one_round() -> bool:

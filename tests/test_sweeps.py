@@ -11,8 +11,8 @@ import pytest
 import cluster
 from cluster.api import Job, SweepJob, override_texts
 from cluster.logs.sweep_table import format_sweep, program_metrics
-from cluster.sweep import grid_points, parse_grid, read_points, sweep_points
 from cluster.sweep_dir import JOBS
+from cluster.sweeps import grid_points, parse_grid, read_points, sweep_points
 from tests.conftest import run_module
 from tests.support.synthetic import make_job, make_sweep
 
@@ -144,15 +144,16 @@ def test_the_python_api_submits_waits_and_triages_as_the_cli_does(tmp_path):
 
 def test_the_api_is_the_package(tmp_path):
     """`import cluster` is enough, and importing it starts nothing heavy (the ranks import it)."""
-    code = "import sys, cluster; print('cluster.api' in sys.modules, callable(cluster.submit), cluster.Job.__name__)"
+    code = ("import sys, cluster; print('cluster.api' in sys.modules, callable(cluster.submit), cluster.Job.__name__, "
+            "callable(cluster.sweep), callable(cluster.submit))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["False", "True", "Job"]
+    assert out == ["False", "True", "Job", "True", "True"]  # no submodule shadows a name of the API
 
 
 def test_a_slurm_sweep_is_one_array_when_its_points_share_an_allocation(tmp_path):
     from cluster.backends import BACKENDS
-    from cluster.sweep import submissions
     from cluster.sweep_dir import point_overrides
+    from cluster.sweeps import submissions
 
     slurm = BACKENDS["slurm"]
     same = [["optim.lr=0.1"], ["optim.lr=1"], ["optim.lr=10"]]
