@@ -83,9 +83,7 @@ def alive(job: JobDir) -> bool:
     its start time, since the pid may have gone to another one. Not by its command line: right
     after a spawn returns, /proc/<pid>/cmdline still reads empty while the kernel finishes the
     exec (seen in most of 300 spawns here), and a job would read as ended before it began."""
-    return processes.alive(int(job.job_id)) and processes.start_time(int(job.job_id)) == job.launch().get(
-        "controller_started"
-    )
+    return processes.same_process(int(job.job_id), job.launch().get("controller_started"))
 
 
 def substitute(word: str, values: dict[str, str]) -> str:

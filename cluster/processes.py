@@ -45,6 +45,11 @@ def start_time(pid: int) -> int | None:
     return stat[2] if stat else None
 
 
+def same_process(pid: int, started: int | None) -> bool:
+    """Whether ``pid`` is still the live process that started at ``started`` (``start_time``)."""
+    return alive(pid) and start_time(pid) == started
+
+
 def children() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):

@@ -77,7 +77,7 @@ class Sweep:
         if not path.exists():
             return False
         runner = json.loads(path.read_text())
-        return processes.alive(runner["pid"]) and processes.start_time(runner["pid"]) == runner["started"]
+        return processes.same_process(runner["pid"], runner["started"])
 
 
 def unfinished(rows: list[dict]) -> list[int]:

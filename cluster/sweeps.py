@@ -169,7 +169,9 @@ def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> s
     config = sweep.config()
     backend, limit = backends.get(config["cluster"]), max_parallel or config["max_parallel"]
     if backend.array_task_id:
-        jobs = submissions(config["job"], [sweep.overrides(i) for i in indices], backend)
+        # sweep.json read once: a point's overrides from it, not a read of it per point
+        overrides = [point_overrides(config["fixed"], config["points"][i], sweep.path, i) for i in indices]
+        jobs = submissions(config["job"], overrides, backend)
         if (script := backend.array_script(jobs, indices, limit, sweep.path)) is not None:
             (sweep.path / ARRAY_SCRIPT).write_text(script)  # the latest array, for the curious
             for index, job_dir in zip(indices, backend.submit_array(jobs, indices, limit, sweep.path)):
