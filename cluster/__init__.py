@@ -1,10 +1,11 @@
 """The cluster driver: job spec -> rank plan -> sbatch script -> submission -> per-rank logs.
 
 From Python (``cluster.api``, the command line's twin): ``cluster.submit``, ``cluster.Job``,
-``cluster.dry_run``, ``cluster.sweep`` (and ``cluster.api.plan``).
+``cluster.dry_run``, ``cluster.sweep`` (and ``cluster.api.plan``); ``cluster.submit(fn)`` runs a
+Python function on every rank (through submitit on SLURM) and ``Job.result()`` returns its value.
 """
 
-API = ("ConfigError", "Job", "NeverStarts", "SweepJob", "dry_run", "submit", "sweep")
+API = ("ConfigError", "FunctionFailed", "Job", "NeverStarts", "SweepJob", "dry_run", "submit", "sweep")
 
 
 def __getattr__(name: str):

@@ -6,6 +6,9 @@
     report = job.logs()          # what `cluster logs --json` prints
     job = cluster.Job.attach("runs/multi-node/12345")   # or a job id, as the CLI takes it
 
+    job = cluster.submit(fn, 3, spec="jobs/multi_node.yaml", nodes=2)   # a Python function
+    job.result()                 # rank 0's fn(3); job.results(): every rank's
+
 A job is a spec file or a ``JobSpec``; overrides are ``key=value`` texts, as on the command
 line, or keyword arguments (values written as YAML reads them back). Bad input raises
 ``ConfigError`` naming the key or file (the CLI's exit 2), before anything is submitted.
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cluster import backends
 from cluster import sweeps as sweep_module
 from cluster.attempt_history import restarts_used, summary
 from cluster.backends import JobRef, NeverStarts
@@ -27,18 +32,35 @@ from cluster.backends.base import State
 from cluster.jobdir import JobDir
 from cluster.logs.sweep_table import sweep_table
 from cluster.logs.triage import Report, inspect
-from cluster.plan import Plan
+from cluster.plan import Plan, make_plan
 from cluster.poll import wait_until
 from cluster.snapshot import snapshot
-from cluster.spec import JobSpec
+from cluster.spec import FUNCTION_FOLDER, JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import load_spec, say_stderr
 from cluster.submission import submit as submit_loaded
 from cluster.sweep_dir import SWEEP, Sweep, unfinished
+from train.config import apply_overrides, build, to_dict
 from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT
 
-__all__ = ["ConfigError", "Job", "NeverStarts", "SweepJob", "dry_run", "load_spec", "plan", "submit", "sweep"]
+# submitit's defaults: its time-limit signal (USR2, 90 s before the limit) and how many times
+# a Checkpointable function's job may be requeued at its time limit
+SUBMITIT_SIGNAL = "USR2@90"
+MAX_REQUEUES = 3
+
+__all__ = [
+    "ConfigError",
+    "FunctionFailed",
+    "Job",
+    "NeverStarts",
+    "SweepJob",
+    "dry_run",
+    "load_spec",
+    "plan",
+    "submit",
+    "sweep",
+]
 
 Say = Callable[[str], None]
 
@@ -62,16 +84,48 @@ def plan(job: str | Path | JobSpec, *overrides: str, **values: Any) -> Plan:
     return load_spec(job, override_texts(overrides, values))[1]
 
 
-def dry_run(job: str | Path | JobSpec, *overrides: str, **values: Any) -> str:
-    """Exactly what ``submit`` would hand the spec's backend (``cluster submit --dry-run``)."""
-    spec, the_plan = load_spec(job, override_texts(overrides, values))
-    return dry_run_loaded(spec, the_plan, source_of(job))
+def dry_run(
+    job: str | Path | JobSpec | Callable, *overrides: Any, spec: str | Path | JobSpec | None = None, **values: Any
+) -> str:
+    """Exactly what ``submit`` would hand the spec's backend (``cluster submit --dry-run``);
+    for a function (``dry_run(fn, spec=..., **overrides)``) on SLURM, the script submitit
+    would submit."""
+    if callable(job):
+        return dry_run_loaded(*function_spec(spec, values))
+    the_spec, the_plan = load_spec(job, override_texts(overrides, values))
+    return dry_run_loaded(the_spec, the_plan, source_of(job))
 
 
-def submit(job: str | Path | JobSpec, *overrides: str, **values: Any) -> Job:
-    """Submit the job to the spec's backend (``cluster submit``)."""
-    spec, the_plan = load_spec(job, override_texts(overrides, values))
-    return Job(submit_loaded(spec, the_plan, source_of(job)))
+def submit(
+    job: str | Path | JobSpec | Callable, *overrides: Any, spec: str | Path | JobSpec | None = None, **values: Any
+) -> Job:
+    """Submit the job to the spec's backend (``cluster submit``); or a Python function,
+    ``submit(fn, *args, spec=..., **overrides)``: every rank calls ``fn(*args)`` in the rank
+    shim, and ``Job.result()`` gives rank 0's return value (on SLURM, through submitit)."""
+    if callable(job):
+        from submitit.helpers import DelayedSubmission  # lazy: 45 ms that only a function's job needs
+
+        the_spec, the_plan = function_spec(spec, values)
+        delayed = DelayedSubmission(job, *overrides)
+        delayed.set_timeout(the_spec.time_minutes, MAX_REQUEUES)  # as submitit's executor does
+        return Job(submit_loaded(the_spec, the_plan, function=delayed))
+    the_spec, the_plan = load_spec(job, override_texts(overrides, values))
+    return Job(submit_loaded(the_spec, the_plan, source_of(job)))
+
+
+def function_spec(spec: str | Path | JobSpec | None, values: dict[str, Any]) -> tuple[JobSpec, Plan]:
+    """A function's job: the spec (default: ``JobSpec()``'s defaults) and the overrides, its
+    program the pickled function (``program.submitit``), on the backend that runs functions
+    for the spec's ``cluster`` (SLURM's: submitit, unless it restarts inside its allocation),
+    with submitit's time-limit signal where the spec has none."""
+    base = JobSpec() if spec is None else spec if isinstance(spec, JobSpec) else load_spec(spec)[0]
+    data = {**to_dict(base), "program": {"submitit": FUNCTION_FOLDER, "require_progress": False}}
+    data = apply_overrides(data, override_texts(values=values))
+    data["signal"] = data.get("signal") or SUBMITIT_SIGNAL
+    restarts = any(data.get(key) for key in ("restarts", "spare_nodes", "min_nodes"))
+    data["cluster"] = backends.for_functions(data.get("cluster", "slurm"), restarts)
+    built = build(JobSpec, data)
+    return built, make_plan(built)
 
 
 def exit_code(report: Report) -> int:
@@ -140,9 +194,49 @@ class Job:
         """What ``cluster logs --json`` prints: ranks, first_failure, cascade, hang, attempts ..."""
         return self.report(**options).to_json()
 
+    def results(self, timeout: float | None = None, say: Say = say_stderr) -> list:
+        """A function's job: every rank's return value, by rank, once the job has ended.
+        :class:`FunctionFailed` with the first failing rank's traceback (the triage's first
+        failure, not a peer's consequence of it) when any rank did not return."""
+        program = (self.ref.job_dir.plan() or {}).get("program") or {}
+        if program.get("kind") != "submitit":
+            raise ConfigError(str(self.job_dir), "not a function's job (cluster.submit(fn)): it returns no value")
+        report = self.wait(timeout, say)
+        outcomes = [function_outcome(self.ref.job_dir.function_result(r)) for r in range(report.world_size)]
+        errors = {r: text for r, (kind, text) in enumerate(outcomes) if kind == "error"}
+        if errors or any(kind != "success" for kind, _ in outcomes):
+            first = report.first_failure or {}
+            rank = first.get("rank")
+            rank = rank if rank in errors else min(errors, default=rank)
+            cause = errors.get(rank) or first.get("error") or "ended without a result (killed, or cancelled?)"
+            raise FunctionFailed(rank, cause, str(self.job_dir))
+        return [value for _, value in outcomes]
+
+    def result(self, timeout: float | None = None, say: Say = say_stderr) -> Any:
+        """A function's job: rank 0's return value (see ``results``)."""
+        return self.results(timeout, say)[0]
+
     def snapshot(self, timeout: float = 10.0, native: bool = False) -> dict:
         """Every rank's stacks, grouped (``cluster snapshot --json``); the job must be running."""
         return snapshot(self.ref, timeout, native).to_json()
+
+
+class FunctionFailed(RuntimeError):
+    """A function's job did not return on every rank: ``rank`` is the first that failed,
+    ``cause`` its traceback (or the triage's words, where it left none)."""
+
+    def __init__(self, rank: int | None, cause: str, job_dir: str):
+        who = "a rank" if rank is None else f"rank {rank}"
+        super().__init__(f"{who} of job {job_dir} failed:\n{cause}")
+        self.rank, self.cause, self.job_dir = rank, cause, job_dir
+
+
+def function_outcome(path: Path) -> tuple[str, Any]:
+    """A rank's result pickle, as submitit writes it: ("success", value) or ("error",
+    traceback); ("missing", None) where the rank wrote none."""
+    if not path.exists():
+        return "missing", None
+    return pickle.loads(path.read_bytes())
 
 
 def sweep(

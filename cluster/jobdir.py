@@ -15,6 +15,8 @@
     preflight_00003.attempt1.log           the same, before the first restart's training (restarts)
     nccl_trace_rank_3                      NCCL's flight recorder of rank 3 (on a collective timeout)
     checkpoints/                           train.ckpt_every: step_NNNNNNN/ and the latest pointer
+    submitit/                              a Python function's job: <job id>_submitted.pkl (the function),
+                                           <job id>_<rank>_result.pkl, and on SLURM submitit's script and logs
 
 The ranks write their own files by the names in ``train.protocol``; the batch script names the
 per-task logs with srun's patterns below; everything else asks a ``JobDir``.
@@ -31,6 +33,7 @@ from pathlib import Path
 import orjson
 
 from train.errors import ConfigError
+from train.functions import result_pickle, submitted_pickle
 from train.protocol import (
     CHECKPOINTS,
     FLIGHT_RECORDER_PREFIX,
@@ -48,6 +51,10 @@ SCRIPT = "job.sbatch"
 # A SLURM sweep's array: each point's batch script, in the point's job root (<log_dir>/<name>)
 ARRAY_TASK_SCRIPT = "array-task.sbatch"
 SPEC = "spec.yaml"
+# A Python function's job (cluster.submit(fn)): submitit's folder, with its pickles by
+# submitit's names (train.functions): <job id>_submitted.pkl, <job id>_<rank>_result.pkl
+FUNCTION_DIR = "submitit"
+FUNCTION_PICKLE = str(submitted_pickle(Path(FUNCTION_DIR), "%j"))  # where a launcher of the kit puts the function
 TRAIN_CONFIG = "train.yaml"
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
 GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
@@ -167,6 +174,15 @@ class JobDir:
         return batch_output(root.parent, root.name, self.job_id)
 
     @property
+    def functions(self) -> Path:
+        """A Python function's job: submitit's folder (its pickles)."""
+        return self.path / FUNCTION_DIR
+
+    def function_result(self, rank: int) -> Path:
+        """What rank ``rank`` of a function's job returned or raised (submitit's result pickle)."""
+        return result_pickle(self.functions, self.job_id, rank)
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / CHECKPOINTS
 
@@ -225,10 +241,15 @@ class JobDir:
         names = self.names() if names is None else names
         return sorted(self.path / n for n in names if n.startswith(FLIGHT_RECORDER_PREFIX))
 
-    def write(self, files: dict[str, str]) -> None:
-        """Write the job's files, each atomically: a rank never reads half a config."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            tmp = self.path / f".{name}.tmp"
-            tmp.write_text(text)
-            tmp.replace(self.path / name)
+    def write(self, files: dict[str, str | bytes]) -> None:
+        """Write the job's files, each atomically: a rank never reads half a config. A name
+        may hold ``%j``, the job id (SLURM's and submitit's pattern), and a folder."""
+        for name, content in files.items():
+            path = self.path / name.replace("%j", self.job_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            if isinstance(content, bytes):
+                tmp.write_bytes(content)
+            else:
+                tmp.write_text(content)
+            tmp.replace(path)

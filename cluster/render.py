@@ -8,20 +8,12 @@ quoted (#SBATCH lines).
 
 from __future__ import annotations
 
-import shlex
-
 from cluster.jobdir import ATTEMPTS, GUARD_LOG, PLAN, TRAIN_CONFIG, job_root, srun_output
 from cluster.plan import Plan
 from cluster.request import Request, job_files
+from cluster.shell import shell_word
 from cluster.spec import JobSpec
 from train.protocol import ATTEMPT_VAR, DETERMINISTIC_EXIT, PORT_BASE, PORT_SPAN
-
-
-def _q(word: str) -> str:
-    """Quote for bash, leaving $VARS that we put there ourselves expandable."""
-    if "$" in word:
-        return '"' + word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`") + '"'
-    return shlex.quote(word)
 
 
 def describe_program(spec: JobSpec) -> str:
@@ -44,7 +36,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
     lines += [
         "set -euo pipefail",
         "",
-        f"JOB_DIR={_q(job_dir)}",
+        f"JOB_DIR={shell_word(job_dir)}",
         'mkdir -p "$JOB_DIR"',
         "# Each requeued attempt writes its own rank logs (rank_00003.attempt1.log, ...).",
         'ATTEMPT_SUFFIX=""',
@@ -66,7 +58,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
         ]
     if request.env:
         lines.append("")
-        lines += [f"export {k}={_q(v)}" for k, v in request.env]
+        lines += [f"export {k}={shell_word(v)}" for k, v in request.env]
     if request.setup:
         lines.append("")
         lines += list(request.setup)
@@ -89,7 +81,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
             "preflight": "# Preflight: every rank joins, collectives verified, bus bandwidth measured.",
             "train": "# The ranks." if request.launcher == "per_task" else "# One torchrun agent per node.",
         }[step.name])  # fmt: skip
-        commands.append(" \\\n  ".join([*(_q(w) for w in srun), " ".join(_q(w) for w in step.command)]))
+        commands.append(" \\\n  ".join([*(shell_word(w) for w in srun), " ".join(shell_word(w) for w in step.command)]))
     if request.restarts:
         # Each attempt runs every step on its own nodes: the preflight of a restart checks the
         # spare, and a rank that never joins names its node (cluster.attempts leaves it out).
@@ -102,7 +94,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
 
 def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
     """spec.restarts: the first attempt's number and nodes, from cluster.attempts."""
-    helper = " ".join(_q(w) for w in request.attempts)
+    helper = " ".join(shell_word(w) for w in request.attempts)
     spares = f", {spec.spare_nodes} spare node(s) standing by" if spec.spare_nodes else ""
     fewer = spec.min_nodes and spec.min_nodes < spec.nodes
     nodes = f"{spec.min_nodes} to {spec.nodes}" if fewer else spec.nodes
@@ -135,7 +127,7 @@ def read_attempt(plan: Plan) -> list[str]:
 
 
 def attempts_loop(plan: Plan, request: Request, srun: str) -> list[str]:
-    helper = " ".join(_q(w) for w in request.attempts)
+    helper = " ".join(shell_word(w) for w in request.attempts)
     body = [
         *read_attempt(plan),
         f'export {ATTEMPT_VAR}="$ATTEMPT"',

@@ -136,6 +136,8 @@ def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
         shim.append(f"--startup-timeout-s={spec.startup_timeout_s:g}")
     if spec.rank_signal:
         shim.append(f"--time-limit-signal={spec.rank_signal}")
+        if p.kind == "submitit" and spec.requeue and backends.get(spec.cluster).requeues:
+            shim.append("--requeue-on-signal")  # submitit's protocol: checkpoint and requeue
     shim.append(f"--{p.kind}={p.target}")
     if p.kind == "function":
         shim.append(f"--kwargs={json.dumps(p.kwargs, sort_keys=True, separators=(',', ':'))}")
@@ -177,7 +179,8 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
             srun = (*on_nodes, f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
             steps.append(Step("train", 1, srun, "node", tuple(in_container(spec, agent)), per_rank=False))
         else:
-            command = in_container(spec, rank_program(spec, python, rank_log=False))
+            own_log = backends.get(spec.cluster).shim_opens_rank_logs
+            command = in_container(spec, rank_program(spec, python, rank_log=own_log))
             steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", tuple(command)))
     attempts = in_container(spec, [python, "-P", "-m", "cluster.attempts"]) if spec.restarts else []
     return Request(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cluster import backends
+from cluster.jobdir import FUNCTION_DIR
 from train.config import (
     TRAIN_SECTIONS,
     Config,
@@ -79,20 +80,24 @@ class ContainerSpec:
                 raise ConfigError(f"{prefix}.{key}", f"{value!r} contains shell metacharacters or spaces")
 
 
-PROGRAM_KINDS = ("script", "module", "function", "command")
+PROGRAM_KINDS = ("script", "module", "function", "command", "submitit")
+FUNCTION_FOLDER = f"$JOB_DIR/{FUNCTION_DIR}"  # program.submitit: a function job's pickles
 
 
 @dataclass
 class ProgramSpec:
     """What each rank runs instead of the built-in trainer: exactly one of ``script`` (a Python
     file), ``module`` (``python -m``), ``function`` (``pkg.module:function``, called with
-    ``kwargs``) or ``command`` (any executable), with ``args``. The rank shim (``train.shim``)
-    gives it the torchrun environment, its per-rank log, stacks, progress and records."""
+    ``kwargs``) or ``command`` (any executable), with ``args``; or ``submitit``, the folder of a
+    Python function that ``cluster.submit(fn)`` pickled (set by it, not in a spec file). The
+    rank shim (``train.shim``) gives it the torchrun environment, its per-rank log, stacks,
+    progress and records."""
 
     script: str = ""
     module: str = ""
     function: str = ""
     command: str = ""
+    submitit: str = ""
     args: list[StrictStr] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
     # per_task: one process per rank (srun, or the local launcher) with torchrun's environment;
@@ -123,10 +128,13 @@ class ProgramSpec:
             "module": _check_module,
             "function": _check_function,
             "command": _check_command,
+            "submitit": _check_submitit,
         }
         check[self.kind](f"{prefix}.{self.kind}", self.target)
         if self.kwargs and self.kind != "function":
             raise ConfigError(f"{prefix}.kwargs", f"kwargs are for {prefix}.function; a {self.kind} takes args")
+        if self.kind == "submitit" and self.launcher != "per_task":
+            raise ConfigError(f"{prefix}.launcher", "a Python function runs as one process per rank: per_task")
         if self.args and self.kind == "function":
             raise ConfigError(f"{prefix}.args", f"{prefix}.function is called with kwargs, not args")
 
@@ -176,6 +184,11 @@ def _check_function(key: str, target: str) -> None:
         defined = hasattr(importlib.import_module(module), name)
     if not defined:
         raise ConfigError(key, f"module {module!r} ({found.origin}) defines no {name!r}")
+
+
+def _check_submitit(key: str, folder: str) -> None:
+    if folder != FUNCTION_FOLDER:
+        raise ConfigError(key, f"set by cluster.submit(fn) to {FUNCTION_FOLDER}, not by hand (got {folder!r})")
 
 
 def _check_command(key: str, command: str) -> None:

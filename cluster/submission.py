@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cluster import backends
 from cluster.backends import JobRef
 from cluster.backends.base import Submission
-from cluster.jobdir import job_root
+from cluster.jobdir import FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
 from cluster.render import render
 from cluster.request import job_files, make_request
@@ -47,20 +48,31 @@ def node_python(spec: JobSpec) -> str:
 
 
 def submission(
-    spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False, job_id: str | None = None
+    spec: JobSpec,
+    plan: Plan,
+    source: str = "",
+    preflight_only: bool = False,
+    job_id: str | None = None,
+    function: Any = None,
 ) -> Submission:
     """Everything the backend gets: the request, the script ``render`` prints, the job's files.
-    ``job_id``: how the script names its job (an array's task), where not SLURM's job id."""
+    ``job_id``: how the script names its job (an array's task), where not SLURM's job id.
+    ``function``: a Python function's job, submitit's ``DelayedSubmission`` of it (pickled
+    into the job directory, where submitit does not do it itself)."""
     python = node_python(spec)
     request = make_request(spec, plan, python, preflight_only)
     script = render(spec, plan, request, source, *([job_id] if job_id else []))
-    files = job_files(spec, plan, script)
-    return Submission(request, plan, script, files, job_root(spec.log_dir, spec.name), python)
+    files: dict[str, str | bytes] = dict(job_files(spec, plan, script))
+    if function is not None:
+        import cloudpickle  # lazy: only a function's job pickles (submitit's own pickler)
+
+        files[FUNCTION_PICKLE] = cloudpickle.dumps(function)
+    return Submission(request, plan, script, files, job_root(spec.log_dir, spec.name), python, function)
 
 
-def submit(spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False) -> JobRef:
+def submit(spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False, function: Any = None) -> JobRef:
     backend = backends.get(spec.cluster)
-    return JobRef(backend.submit(submission(spec, plan, source, preflight_only)), backend)
+    return JobRef(backend.submit(submission(spec, plan, source, preflight_only, function=function)), backend)
 
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:

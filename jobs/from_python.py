@@ -1,4 +1,5 @@
-"""The kit from Python: one job, then a sweep, each waited for and triaged.
+"""The kit from Python: one job, then a sweep, each waited for and triaged, then a Python
+function run on every rank, its result printed.
 
 python jobs/from_python.py            # on this machine (cluster=local), about a minute
 python jobs/from_python.py slurm      # the same on a SLURM cluster (jobs/multi_node.yaml)
@@ -23,3 +24,18 @@ table = sweep.wait(timeout=3600)
 for row in table["points"]:
     print(row["point"], " ".join(row["overrides"]), row["state"], row["metrics"].get("test_loss"))
 print("best:", table["best"])
+
+
+def ranks_sum(scale):
+    """Defined here, in __main__: it travels by value (cloudpickle, as submitit sends it)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    total = torch.tensor([scale * dist.get_rank()])
+    dist.all_reduce(total)
+    return total.item()
+
+
+job = cluster.submit(ranks_sum, 10.0, spec=SPEC, tasks_per_node=2)
+print(f"function job {job.job_id}: rank 0 returned {job.result(timeout=600)}")

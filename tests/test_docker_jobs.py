@@ -166,6 +166,22 @@ def test_two_node_containers_train_to_the_end_as_planned(image, tmp_path):
 
 
 @pytest.mark.image
+def test_a_python_function_runs_in_every_node_container_and_returns_by_rank(image, tmp_path):
+    """``cluster.submit(fn)`` with cluster=docker: the function defined in ``__main__`` runs in
+    each node's container (its host name is the container's), rank 0's value comes back."""
+    import cluster
+    from tests.support.functions import main_scope
+
+    job = cluster.submit(main_scope()["ranks_sum"], "d", spec=SPEC, cluster="docker", nodes=2, tasks_per_node=1,
+                         gpus_per_node=0, log_dir=str(tmp_path), **{"container.image": image})  # fmt: skip
+    values = job.results(timeout=300)
+    plan = json.loads((job.job_dir / "plan.json").read_text())
+    assert [v["host"] for v in values] == [slot["host"] for slot in plan["ranks"]]
+    assert job.result() == values[0] == {"rank": 0, "sum": 1.0, "tag": "d", "host": plan["ranks"][0]["host"]}
+    assert leftovers(job.job_dir) == []
+
+
+@pytest.mark.image
 def test_a_failing_rank_ends_every_container_and_leaves_nothing(image, tmp_path):
     result, job_dir = docker_job(image, tmp_path, "train.steps=100000", "train.fail_at_step=20", "train.fail_rank=3",
                                  ONE_THREAD, wait=False)  # fmt: skip

@@ -1,4 +1,4 @@
-"""``python -P -m train.shim --job-dir DIR [options] (--script F | --module M | --function M:F | --command EXE) -- ARGS``
+"""``python -P -m train.shim --job-dir DIR [options] (--script F | --module M | --function M:F | --command EXE | --submitit DIR) -- ARGS``
 
 The rank shim: what the kit does for every rank, around a user's program that knows nothing
 of it (it runs unchanged):
@@ -15,6 +15,11 @@ of it (it runs unchanged):
 - the job's time-limit signal (``--time-limit-signal``, the spec's ``signal``) never kills a
   program that did not ask for it: the shim's handler logs that it came and that the program
   runs on; a program that installs its own handler replaces the shim's and gets it.
+
+A Python function submitted with ``cluster.submit(fn)`` (``--submitit``: its folder) runs in
+this process too (``train.functions``); on SLURM, submitit appends its own command line
+(``-u -m submitit.core._submit FOLDER``) to the shim it is given as the interpreter, and the
+shim does what that command would, in the rank's shim.
 
 Python programs run in this process, as ``python script.py`` or ``python -m module`` would run
 them (``sys.argv``, ``sys.path[0]``, ``__main__``). The kit's own packages (``train``,
@@ -40,11 +45,13 @@ import time
 import traceback
 from pathlib import Path
 
+from train import functions
 from train.dist_env import cpu_threads, from_environ, torchrun_environ
 from train.hangs import StallWatchdog, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
 from train.protocol import DUMP_SIGNAL, RecordWriter, log_name, parse_time_limit_signal, stamp
 
+KINDS = ("script", "module", "function", "command", "submitit")
 RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this often
 
 
@@ -96,8 +103,9 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None) -> int:
-    """The program in this process; ``on_error`` is told of an exception it raised."""
+def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None, submitted=None) -> int:
+    """The program in this process; ``on_error`` is told of an exception it raised.
+    ``submitted``: what runs a pickled function (kind submitit, ``train.functions``)."""
     if kind == "script":
         path = os.path.abspath(target)
         sys.argv = [target, *args]
@@ -111,9 +119,11 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=l
             runpy.run_path(path, run_name="__main__")
         elif kind == "module":
             runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
+        elif kind == "function":
             module, _, name = target.partition(":")
             getattr(importlib.import_module(module), name)(**kwargs)
+        else:
+            submitted()
     except SystemExit as exc:
         return exit_code(exc)
     except BaseException as exc:  # printed as Python would, for the log inspector
@@ -175,9 +185,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--stall-timeout-s", type=float, default=180.0, help="0: no stall watchdog")
     parser.add_argument("--startup-timeout-s", type=float, default=0.0, help="to the first step; 0: none")
     parser.add_argument("--time-limit-signal", default="", help="the spec's signal (USR1): logged, never fatal")
+    parser.add_argument(
+        "--requeue-on-signal", action="store_true", help="--submitit: submitit's checkpoint and requeue on the signal"
+    )
     what = parser.add_mutually_exclusive_group(required=True)
-    for kind in ("script", "module", "function", "command"):
-        what.add_argument(f"--{kind}")
+    for kind in KINDS:
+        what.add_argument(
+            f"--{kind}", help="a pickled function's folder (cluster.submit(fn))" if kind == "submitit" else None
+        )
     parser.add_argument("--kwargs", default="{}", help="a function's keyword arguments, JSON")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: the program's arguments")
     parsed = parser.parse_args(argv)
@@ -188,7 +203,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    kind = next(k for k in ("script", "module", "function", "command") if getattr(args, k))
+    kind = next(k for k in KINDS if getattr(args, k))
     target = getattr(args, kind)
     env = from_environ(device=None)
     job_dir = Path(args.job_dir)
@@ -223,9 +238,11 @@ def main(argv: list[str]) -> None:
         startup_limit(args.startup_timeout_s)
         progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s))
         register_optimizer_step_post_hook(progress)
+        requeue = time_limit if args.requeue_on_signal else None
         code = run_python(
             kind, target, args.args, json.loads(args.kwargs),
             lambda exc: writer.write("failed", step=progress.steps, error=f"{type(exc).__name__}: {exc}"[:500]),
+            lambda: functions.run(target, env, requeue),
         )  # fmt: skip
         finish_like_python()
         progress.finish()

@@ -17,10 +17,19 @@ from cluster.backends.base import Backend, NeverStarts, Say, State
 from cluster.backends.docker import DockerBackend
 from cluster.backends.local import LocalBackend
 from cluster.backends.slurm import SlurmBackend
+from cluster.backends.submitit_slurm import SubmititBackend
 from cluster.jobdir import JobDir
 from train.errors import ConfigError
 
-BACKENDS: dict[str, Backend] = {"slurm": SlurmBackend(), "local": LocalBackend(), "docker": DockerBackend()}
+BACKENDS: dict[str, Backend] = {
+    "slurm": SlurmBackend(),
+    "local": LocalBackend(),
+    "docker": DockerBackend(),
+    "submitit": SubmititBackend(),
+}
+# A Python function's job (cluster.submit(fn)) where another backend runs it: SLURM's through
+# submitit (but for restarts inside the allocation, see for_functions).
+FUNCTIONS = {"slurm": "submitit"}
 
 
 def get(name: str) -> Backend:
@@ -28,6 +37,12 @@ def get(name: str) -> Backend:
     if name not in BACKENDS:
         raise ConfigError("cluster", f"{name!r} is no backend: one of {', '.join(sorted(BACKENDS))}")
     return BACKENDS[name]
+
+
+def for_functions(name: str, restarts: bool) -> str:
+    """The backend that runs a Python function's job for the spec's ``cluster``; with restarts
+    inside the allocation, the spec's own (only the kit's batch script has the attempts loop)."""
+    return name if restarts else FUNCTIONS.get(name, name)
 
 
 def of(job: JobDir) -> Backend | None:

@@ -12,7 +12,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cluster.jobdir import JobDir
 from train.errors import ConfigError
@@ -69,9 +69,10 @@ class Submission:
     request: Request
     plan: Plan
     script: str  # the rendered sbatch script: what SLURM gets, and the others' equivalent
-    files: dict[str, str]  # the job directory's files (cluster.request.job_files)
+    files: dict[str, str | bytes]  # the job directory's files (cluster.request.job_files; a function's pickle)
     job_root: Path  # <log_dir>/<name>: the job directory is job_root/<job id>
     python: str  # the interpreter on the nodes
+    function: Any = None  # a Python function's job: submitit's DelayedSubmission (cluster.submit(fn))
 
 
 class Backend:
@@ -80,6 +81,9 @@ class Backend:
     name: ClassVar[str]
     in_image: ClassVar[bool] = False  # the nodes run the spec's container.image themselves
     restarts: ClassVar[bool] = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
+    requeues: ClassVar[bool] = False  # the scheduler puts a job back in its queue (spec requeue)
+    # Each rank's shim opens its own log (where srun's --output cannot name one per rank).
+    shim_opens_rank_logs: ClassVar[bool] = False
     # Job arrays (a sweep in one submission): how the batch script of an array's task names
     # its job (its directory's name); None where the backend has no arrays (a sweep's runner
     # submits the points one by one).

@@ -59,12 +59,16 @@ def pending_reason(fields: dict[str, str]) -> str | None:
     return f"{reason} ({PENDING_REASONS[reason]})" if reason in PENDING_REASONS else reason
 
 
-def sbatch(script: str) -> str:
-    """Submit ``script`` on standard input; the job id. SLURM's refusal is bad input (exit 2)."""
+def require_sbatch() -> None:
     if shutil.which("sbatch") is None:
         raise ConfigError(
             "cluster", "sbatch is not on PATH: this machine is no SLURM submit host (cluster=local runs here)"
         )
+
+
+def sbatch(script: str) -> str:
+    """Submit ``script`` on standard input; the job id. SLURM's refusal is bad input (exit 2)."""
+    require_sbatch()
     done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True)
     if done.returncode != 0:
         raise ConfigError("sbatch", f"SLURM refused the job: {done.stderr.strip() or done.stdout.strip()}")
@@ -74,6 +78,7 @@ def sbatch(script: str) -> str:
 class SlurmBackend(Backend):
     name = "slurm"
     restarts = True
+    requeues = True
     array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
 
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:

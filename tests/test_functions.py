@@ -1,0 +1,115 @@
+"""Python functions as jobs (``cluster.submit(fn)``): the spec of a function's job, the request
+mapped onto submitit's parameters, and real local runs (slow). SLURM's runs are in
+test_slurm.py, docker's in test_docker_jobs.py."""
+
+import json
+import pickle
+
+import pytest
+from submitit.helpers import DelayedSubmission
+
+import cluster
+from cluster.api import function_spec
+from cluster.backends.submitit_slurm import parameters
+from cluster.jobdir import FUNCTION_PICKLE
+from cluster.submission import submission
+from tests.conftest import run_module
+from tests.support.functions import main_scope
+from tests.support.synthetic import make_job
+
+TWO_BY_TWO = {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2, "mem": "8G", "time": "00:10:00"}
+
+
+def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tmp_path):
+    spec, plan = function_spec("jobs/multi_node.yaml", {**TWO_BY_TWO, "log_dir": str(tmp_path), "partition": "debug",
+                               "account": "lab", "qos": "high", "constraint": "a100", "exclusive": True,
+                               "setup": ["module load cuda"], "env": {"NCCL_DEBUG": "WARN"}})  # fmt: skip
+    assert spec.cluster == "submitit" and spec.program.kind == "submitit" and not spec.program.require_progress
+    job = submission(spec, plan)
+    found = parameters(job)
+    assert {k: found[k] for k in ("job_name", "nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_task", "mem",
+                                  "partition", "account", "qos", "constraint", "exclusive", "time")} == {
+        "job_name": "multi-node", "nodes": 2, "ntasks_per_node": 2, "cpus_per_task": spec.cpus_per_task,
+        "gpus_per_task": 1, "mem": "8G", "partition": "debug", "account": "lab", "qos": "high",
+        "constraint": "a100", "exclusive": True, "time": 10}  # fmt: skip
+    # The spec's signal (multi_node.yaml: USR1@120) and requeue replace submitit's USR2@90.
+    assert found["signal_delay_s"] == 120 and found["additional_parameters"]["signal"] == "USR1@120"
+    assert found["additional_parameters"]["requeue"] is True
+    assert found["additional_parameters"]["output"] == f"{tmp_path}/multi-node/slurm-%j.log"
+    assert found["srun_args"] == ["--kill-on-bad-exit=1"]
+    assert found["setup"][:2] == ["export NCCL_DEBUG=WARN", "module load cuda"]
+    script = cluster.dry_run(print, spec="jobs/multi_node.yaml", **TWO_BY_TWO, log_dir=str(tmp_path))
+    assert "#SBATCH --signal=USR1@120" in script and "USR2" not in script
+    assert "export SUBMITIT_EXECUTOR=slurm" in script  # submitit's own script
+    shim = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "-m train.shim" in shim and "--rank-log" in shim and "--requeue-on-signal" in shim
+    assert shim.endswith(f"-- -u -m submitit.core._submit {tmp_path}/multi-node/%j/submitit")
+    assert not list(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_a_functions_job_has_submitits_signal_where_the_spec_has_none_and_runs_where_the_spec_says(tmp_path):
+    spec, _ = function_spec(None, {"log_dir": str(tmp_path)})
+    assert (spec.cluster, spec.signal, spec.requeue) == ("submitit", "USR2@90", False)
+    assert "--requeue-on-signal" not in cluster.dry_run(print, log_dir=str(tmp_path))  # no requeue: it runs on
+    spec, _ = function_spec("jobs/local.yaml", {"tasks_per_node": 3})
+    assert spec.cluster == "local" and spec.world_size == 3
+
+
+def test_a_function_that_restarts_inside_its_allocation_runs_in_the_kits_own_script(tmp_path):
+    spec, plan = function_spec("jobs/multi_node.yaml", {"restarts": 2, "spare_nodes": 1, "log_dir": str(tmp_path)})
+    assert spec.cluster == "slurm"  # submitit's script has no attempts loop
+    job = submission(spec, plan, function=DelayedSubmission(print, 1))
+    assert "--submitit=$JOB_DIR/submitit" in job.script and "cluster.attempts" in job.script
+    assert pickle.loads(job.files[FUNCTION_PICKLE]).args == (1,)  # written by the kit after sbatch
+
+
+def test_only_a_functions_job_has_a_result(tmp_path):
+    job_dir = make_job(tmp_path / "train" / "123", world=2, tasks_per_node=2)
+    plan = json.loads((job_dir / "plan.json").read_text())
+    (job_dir / "plan.json").write_text(json.dumps({**plan, "cluster": "local"}))  # a job of the trainer
+    with pytest.raises(cluster.ConfigError, match="not a function's job"):
+        cluster.Job.attach(job_dir).result()
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"parallel.tp": 3, "tasks_per_node": 4}, None),  # the trainer's sections do not matter to a function
+        ({"cluster": "local", "restarts": 2}, "restarts"),
+        ({"program.launcher": "torchrun"}, "program.launcher"),
+        ({"nodes": 0}, "nodes"),
+        ({"no_such_key": 1}, "no_such_key"),
+    ],
+)
+def test_a_functions_bad_overrides_raise_naming_the_key_and_submit_nothing(overrides, key, tmp_path):
+    def fn():
+        return 1
+
+    if key is None:
+        assert "srun" in cluster.dry_run(fn, spec="jobs/multi_node.yaml", log_dir=str(tmp_path), **overrides)
+        return
+    with pytest.raises(cluster.ConfigError) as raised:
+        cluster.submit(fn, spec="jobs/multi_node.yaml", log_dir=str(tmp_path), **overrides)
+    assert raised.value.key == key
+    assert not tmp_path.joinpath("multi-node").exists()
+
+
+@pytest.mark.slow
+def test_a_function_runs_on_every_local_rank_and_the_first_failing_ranks_traceback_is_raised(tmp_path):
+    """Defined in ``__main__``: rank 0's value by result(), every rank's by results(); a
+    function that raises on rank 3 raises in the caller with rank 3's traceback (the others
+    failed after it, in the barrier), and ``cluster logs`` names rank 3."""
+    scope = main_scope()
+    local = {"cluster": "local", "tasks_per_node": 4, "log_dir": str(tmp_path)}
+    job = cluster.submit(scope["ranks_sum"], "x", **local)
+    values = job.results(timeout=300)
+    assert [v["rank"] for v in values] == [0, 1, 2, 3] and {v["sum"] for v in values} == {6.0}
+    assert job.result() == values[0] and (job.job_dir / "submitit" / f"{job.job_id}_submitted.pkl").exists()
+
+    failing = cluster.submit(scope["fails_on"], 3, **local)
+    with pytest.raises(cluster.FunctionFailed) as raised:
+        failing.result(timeout=300)
+    assert raised.value.rank == 3 and "ValueError: rank 3 refuses this input" in raised.value.cause
+    assert ", in fails_on" in raised.value.cause  # the function's own frame
+    report = json.loads(run_module("cluster", "logs", str(failing.job_dir), "--json").stdout)
+    assert report["first_failure"]["rank"] == 3 and "rank 3 refuses" in report["first_failure"]["error"]
