@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import math
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from inspect import signature
 from pathlib import Path
 from typing import Any
 
-from cluster import backends
 from cluster import sweeps as sweep_module
 from cluster.attempt_history import restarts_used, summary
 from cluster.backends import JobRef, NeverStarts
@@ -32,22 +31,18 @@ from cluster.backends.base import State
 from cluster.jobdir import JobDir
 from cluster.logs.sweep_table import sweep_table
 from cluster.logs.triage import Report, inspect
-from cluster.plan import Plan, make_plan
+from cluster.plan import Plan
 from cluster.poll import wait_until
 from cluster.snapshot import snapshot
-from cluster.spec import FUNCTION_FOLDER, JobSpec
+from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
-from cluster.submission import load_spec, say_stderr
+from cluster.submission import function_spec, load_spec, say_stderr
 from cluster.submission import submit as submit_loaded
 from cluster.sweep_dir import SWEEP, Sweep, unfinished
-from train.config import apply_overrides, build, to_dict
 from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT
 
-# submitit's defaults: its time-limit signal (USR2, 90 s before the limit) and how many times
-# a Checkpointable function's job may be requeued at its time limit
-SUBMITIT_SIGNAL = "USR2@90"
-MAX_REQUEUES = 3
+MAX_REQUEUES = 3  # submitit's: how often a Checkpointable function's job is requeued at its time limit
 
 __all__ = [
     "ConfigError",
@@ -91,7 +86,7 @@ def dry_run(
     for a function (``dry_run(fn, spec=..., **overrides)``) on SLURM, the script submitit
     would submit."""
     if callable(job):
-        return dry_run_loaded(*function_spec(spec, values))
+        return dry_run_loaded(*function_spec(spec, override_texts(values=function_arguments(job, values)[1])))
     the_spec, the_plan = load_spec(job, override_texts(overrides, values))
     return dry_run_loaded(the_spec, the_plan, source_of(job))
 
@@ -100,32 +95,31 @@ def submit(
     job: str | Path | JobSpec | Callable, *overrides: Any, spec: str | Path | JobSpec | None = None, **values: Any
 ) -> Job:
     """Submit the job to the spec's backend (``cluster submit``); or a Python function,
-    ``submit(fn, *args, spec=..., **overrides)``: every rank calls ``fn(*args)`` in the rank
-    shim, and ``Job.result()`` gives rank 0's return value (on SLURM, through submitit)."""
+    ``submit(fn, *args, spec=..., **keywords)``: every rank calls ``fn(*args, ...)`` in the rank
+    shim, and ``Job.result()`` gives rank 0's return value (on SLURM, through submitit). A
+    keyword that names one of ``fn``'s parameters is its argument; any other overrides the spec."""
     if callable(job):
         from submitit.helpers import DelayedSubmission  # lazy: 45 ms that only a function's job needs
 
-        the_spec, the_plan = function_spec(spec, values)
-        delayed = DelayedSubmission(job, *overrides)
-        delayed.set_timeout(the_spec.time_minutes, MAX_REQUEUES)  # as submitit's executor does
-        return Job(submit_loaded(the_spec, the_plan, function=delayed))
+        arguments, values = function_arguments(job, values)
+        return submit_function(DelayedSubmission(job, *overrides, **arguments), spec, override_texts(values=values))
     the_spec, the_plan = load_spec(job, override_texts(overrides, values))
     return Job(submit_loaded(the_spec, the_plan, source_of(job)))
 
 
-def function_spec(spec: str | Path | JobSpec | None, values: dict[str, Any]) -> tuple[JobSpec, Plan]:
-    """A function's job: the spec (default: ``JobSpec()``'s defaults) and the overrides, its
-    program the pickled function (``program.submitit``), on the backend that runs functions
-    for the spec's ``cluster`` (SLURM's: submitit, unless it restarts inside its allocation),
-    with submitit's time-limit signal where the spec has none."""
-    base = JobSpec() if spec is None else spec if isinstance(spec, JobSpec) else load_spec(spec)[0]
-    data = {**to_dict(base), "program": {"submitit": FUNCTION_FOLDER, "require_progress": False}}
-    data = apply_overrides(data, override_texts(values=values))
-    data["signal"] = data.get("signal") or SUBMITIT_SIGNAL
-    restarts = any(data.get(key) for key in ("restarts", "spare_nodes", "min_nodes"))
-    data["cluster"] = backends.for_functions(data.get("cluster", "slurm"), restarts)
-    built = build(JobSpec, data)
-    return built, make_plan(built)
+def function_arguments(fn: Callable, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keywords given with a function: (those that name one of its parameters, the spec's overrides)."""
+    parameters = set(signature(fn).parameters)
+    return {k: v for k, v in values.items() if k in parameters}, {
+        k: v for k, v in values.items() if k not in parameters
+    }
+
+
+def submit_function(delayed: Any, spec: str | Path | JobSpec | None, overrides: list[str]) -> Job:
+    """A function's job: ``delayed`` (submitit's ``DelayedSubmission``) on every rank."""
+    the_spec, the_plan = function_spec(spec, overrides)
+    delayed.set_timeout(the_spec.time_minutes, MAX_REQUEUES)  # as submitit's executor does
+    return Job(submit_loaded(the_spec, the_plan, function=delayed))
 
 
 def exit_code(report: Report) -> int:
@@ -202,7 +196,7 @@ class Job:
         if program.get("kind") != "submitit":
             raise ConfigError(str(self.job_dir), "not a function's job (cluster.submit(fn)): it returns no value")
         report = self.wait(timeout, say)
-        outcomes = [function_outcome(self.ref.job_dir.function_result(r)) for r in range(report.world_size)]
+        outcomes = [self.ref.job_dir.function_outcome(r) for r in range(report.world_size)]
         errors = {r: text for r, (kind, text) in enumerate(outcomes) if kind == "error"}
         if errors or any(kind != "success" for kind, _ in outcomes):
             first = report.first_failure or {}
@@ -231,33 +225,51 @@ class FunctionFailed(RuntimeError):
         self.rank, self.cause, self.job_dir = rank, cause, job_dir
 
 
-def function_outcome(path: Path) -> tuple[str, Any]:
-    """A rank's result pickle, as submitit writes it: ("success", value) or ("error",
-    traceback); ("missing", None) where the rank wrote none."""
-    if not path.exists():
-        return "missing", None
-    return pickle.loads(path.read_bytes())
-
-
 def sweep(
-    job: str | Path,
-    *overrides: str,
+    job: str | Path | Callable,
+    *overrides: Any,
     grid: dict[str, list] | None = None,
     points: list[dict] | None = None,
     max_parallel: int | None = None,
     say: Say = say_stderr,
+    spec: str | Path | None = None,
     **values: Any,
 ) -> SweepJob:
     """Start a sweep (``cluster sweep``): the cartesian product of ``grid`` (and of overrides
-    with comma-separated values), or the listed ``points``; every point is validated first."""
+    with comma-separated values), or the listed ``points``; every point is validated first.
+
+    A function's sweep, ``sweep(fn, *args, grid=..., spec=..., **overrides)``: each point is a
+    job of ``fn(*args, **its arguments)``; a key of ``grid``, of a point or of the keywords that
+    names one of ``fn``'s parameters is its argument, any other overrides the spec (``nodes``,
+    ``time`` ...)."""
     axes = [(key, [value_text(v) for v in swept]) for key, swept in (grid or {}).items()]
     listed = None if points is None else [override_texts(values=p) for p in points]
-    fixed, point_texts = sweep_module.sweep_points(override_texts(overrides, values), axes, listed)
-    return start_sweep(str(job), fixed, point_texts, max_parallel, say)
+    if not callable(job):
+        fixed, point_texts = sweep_module.sweep_points(override_texts(overrides, values), axes, listed)
+        return start_sweep(str(job), fixed, point_texts, max_parallel, say)
+    import cloudpickle  # lazy, as submit's: only a function's sweep needs them
+    from submitit.helpers import DelayedSubmission
+
+    if isinstance(spec, JobSpec):
+        raise ConfigError("spec", "a function's sweep takes a spec file, or none (JobSpec()'s defaults)")
+    given, values = function_arguments(job, values)
+    fixed, point_texts = sweep_module.sweep_points(override_texts(values=values), axes, listed)
+    keys = {text.partition("=")[0] for point in point_texts for text in point}
+    arguments = sorted(keys & set(signature(job).parameters))
+    function = cloudpickle.dumps(DelayedSubmission(job, *overrides, **given))
+    return start_sweep(str(spec or ""), fixed, point_texts, max_parallel, say, function, arguments)
 
 
-def start_sweep(job: str, fixed: list[str], points: list[list[str]], max_parallel: int | None, say: Say) -> SweepJob:
-    created = sweep_module.create(job, fixed, points, max_parallel, say)
+def start_sweep(
+    job: str,
+    fixed: list[str],
+    points: list[list[str]],
+    max_parallel: int | None,
+    say: Say,
+    function: bytes | None = None,
+    arguments: list[str] = (),
+) -> SweepJob:
+    created = sweep_module.create(job, fixed, points, max_parallel, say, function, arguments)
     sweep_module.launch(created, list(range(len(points))), max_parallel, say)
     return SweepJob(created)
 

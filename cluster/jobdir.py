@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,6 @@ from pathlib import Path
 import orjson
 
 from train.errors import ConfigError
-from train.functions import result_pickle, submitted_pickle
 from train.protocol import (
     CHECKPOINTS,
     FLIGHT_RECORDER_PREFIX,
@@ -42,6 +42,8 @@ from train.protocol import (
     preflight_log_name,
     read_records,
     record_name,
+    result_pickle_name,
+    submitted_pickle_name,
 )
 
 PLAN = "plan.json"
@@ -54,7 +56,7 @@ SPEC = "spec.yaml"
 # A Python function's job (cluster.submit(fn)): submitit's folder, with its pickles by
 # submitit's names (train.functions): <job id>_submitted.pkl, <job id>_<rank>_result.pkl
 FUNCTION_DIR = "submitit"
-FUNCTION_PICKLE = str(submitted_pickle(Path(FUNCTION_DIR), "%j"))  # where a launcher of the kit puts the function
+FUNCTION_PICKLE = f"{FUNCTION_DIR}/{submitted_pickle_name('%j')}"  # where a launcher of the kit puts the function
 TRAIN_CONFIG = "train.yaml"
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
 GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
@@ -180,7 +182,13 @@ class JobDir:
 
     def function_result(self, rank: int) -> Path:
         """What rank ``rank`` of a function's job returned or raised (submitit's result pickle)."""
-        return result_pickle(self.functions, self.job_id, rank)
+        return self.functions / result_pickle_name(self.job_id, rank)
+
+    def function_outcome(self, rank: int) -> tuple[str, object]:
+        """A function's job: what rank ``rank`` wrote, as submitit writes it: ("success",
+        value) or ("error", traceback); ("missing", None) where it wrote nothing."""
+        path = self.function_result(rank)
+        return pickle.loads(path.read_bytes()) if path.exists() else ("missing", None)
 
     @property
     def checkpoints(self) -> Path:

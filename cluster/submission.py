@@ -16,8 +16,10 @@ from cluster.jobdir import FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
 from cluster.render import render
 from cluster.request import job_files, make_request
-from cluster.spec import JobSpec, check_program_sections, unhandled_signal_note
+from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections, unhandled_signal_note
 from train.config import apply_overrides, build, load, read_yaml, to_dict
+
+SUBMITIT_SIGNAL = "USR2@90"  # submitit's time-limit signal: a function's job where the spec has none
 
 
 def say_stderr(text: str) -> None:
@@ -37,6 +39,21 @@ def load_spec(
     if note := unhandled_signal_note(spec):
         say(note)
     return spec, make_plan(spec)
+
+
+def function_spec(spec: str | Path | JobSpec | None, overrides: list[str] = ()) -> tuple[JobSpec, Plan]:
+    """A function's job: the spec (default: ``JobSpec()``'s defaults) and the overrides, its
+    program the pickled function (``program.submitit``), on the backend that runs functions
+    for the spec's ``cluster`` (SLURM's: submitit, unless it restarts inside its allocation),
+    with submitit's time-limit signal where the spec has none."""
+    base = JobSpec() if spec is None else spec if isinstance(spec, JobSpec) else load_spec(spec)[0]
+    data = {**to_dict(base), "program": {"submitit": FUNCTION_FOLDER, "require_progress": False}}
+    data = apply_overrides(data, list(overrides))
+    data["signal"] = data.get("signal") or SUBMITIT_SIGNAL
+    restarts = any(data.get(key) for key in ("restarts", "spare_nodes", "min_nodes"))
+    data["cluster"] = backends.for_functions(data.get("cluster", "slurm"), restarts)
+    built = build(JobSpec, data)
+    return built, make_plan(built)
 
 
 def node_python(spec: JobSpec) -> str:

@@ -2,7 +2,8 @@
 running anything (``cluster.sweeps`` makes and runs sweeps; ``cluster logs`` only reads them,
 and starts without the spec's machinery).
 
-``sweep.json``: the spec, the overrides, the points; ``jobs.jsonl``: each submission of a
+``sweep.json``: the spec, the overrides, the points (and, for a function's sweep, which keys
+are the function's arguments; ``function.pkl``: the function); ``jobs.jsonl``: each submission of a
 point (its job directory, or why it was not submitted); ``runner.json`` and ``runner.log``: the
 runner of a sweep without a job array; ``array.sbatch``: the latest job array; ``p0003/``: a
 point's log_dir (its jobs are ``p0003/<name>/<job id>``).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import signal
 import time
 from dataclasses import dataclass
@@ -25,6 +27,7 @@ JOBS = "jobs.jsonl"
 RUNNER = "runner.json"
 RUNNER_LOG = "runner.log"
 ARRAY_SCRIPT = "array.sbatch"
+FUNCTION = "function.pkl"  # a function's sweep: the function and its positional arguments (cloudpickle)
 
 
 def point_overrides(fixed: list[str], point: list[str], path: Path, index: int) -> list[str]:
@@ -45,6 +48,11 @@ class Sweep:
 
     def config(self) -> dict:
         return json.loads((self.path / SWEEP).read_text())
+
+    def function(self):
+        """A function's sweep: submitit's ``DelayedSubmission`` of the function, a fresh one
+        for each point (a point's own arguments are added to it)."""
+        return pickle.loads((self.path / FUNCTION).read_bytes())
 
     def point_dir(self, index: int) -> Path:
         return self.path / f"p{index:04d}"

@@ -12,15 +12,27 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.api import Job, submit
+from cluster.api import Job, submit, submit_function
 from cluster.poll import wait_until
 from cluster.sweep_dir import Sweep
+from cluster.sweeps import split_point
 
 POLL_S = 1.0
 
 
 def say(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
+
+
+def submit_point(sweep: Sweep, config: dict, index: int) -> Job:
+    """A spec's point, or a function's: the function with the point's arguments, on the spec
+    with the point's other overrides."""
+    if "function" not in config:
+        return submit(config["job"], *sweep.overrides(index))
+    kwargs, overrides = split_point(sweep.overrides(index), config["function"]["arguments"])
+    delayed = sweep.function()
+    delayed.kwargs.update(kwargs)
+    return submit_function(delayed, config["job"] or None, overrides)
 
 
 def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
@@ -39,7 +51,7 @@ def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
         while queue and len(running) < max_parallel:
             index = queue.pop(0)
             try:
-                job = submit(config["job"], *sweep.overrides(index))
+                job = submit_point(sweep, config, index)
             except Exception as exc:  # noqa: BLE001 - one point's failure is its own: the rest go on
                 say(f"point {index}: not submitted: {type(exc).__name__}: {exc}")
                 sweep.record(index, error=f"{type(exc).__name__}: {exc}")

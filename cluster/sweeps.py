@@ -27,8 +27,8 @@ import yaml
 from cluster import backends, processes
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
-from cluster.submission import load_spec, submission
-from cluster.sweep_dir import ARRAY_SCRIPT, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
+from cluster.submission import function_spec, load_spec, submission
+from cluster.sweep_dir import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from train.config import ConfigError, parse_override
 
 
@@ -97,7 +97,7 @@ def submissions(job: str, overrides: list[list[str]], backend) -> list:
 def parallel_limit(spec, points: int, max_parallel: int | None) -> int:
     """At most this many points unfinished at once: one machine for local and docker points
     (one at a time unless asked), a scheduler queues them (all)."""
-    return max_parallel or (points if backends.get(spec.cluster).array_task_id else 1)
+    return max_parallel or (points if backends.get(spec.cluster).scheduler else 1)
 
 
 def next_path(spec) -> Path:
@@ -119,9 +119,24 @@ def read_points(path: str) -> list[list[str]]:
     return [[f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in p.items()] for p in points]
 
 
-def check_points(job: str, fixed: list[str], points: list[list[str]], say) -> list:
+def split_point(overrides: list[str], arguments: list[str]) -> tuple[dict, list[str]]:
+    """A function's point: (the function's keyword arguments, the spec's overrides). A key that
+    is one of ``arguments`` (the function's parameters) goes to the function, its value as YAML
+    reads it back, as an override's would be."""
+    kwargs, rest = {}, []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key in arguments:
+            kwargs[key] = yaml.safe_load(value)
+        else:
+            rest.append(text)
+    return kwargs, rest
+
+
+def check_points(job: str, fixed: list[str], points: list[list[str]], say, arguments: list[str] | None = None) -> list:
     """Every point's spec and plan, or bad input naming the point and the key: nothing runs
-    before every point is valid. Notes on the spec are said once."""
+    before every point is valid. Notes on the spec are said once. ``arguments``: a function's
+    sweep, whose points may also set the function's keyword arguments."""
     loaded, said = [], set()
 
     def say_once(text: str) -> None:
@@ -131,7 +146,10 @@ def check_points(job: str, fixed: list[str], points: list[list[str]], say) -> li
 
     for index, point in enumerate(points):
         try:
-            loaded.append(load_spec(job, [*fixed, *point], say_once))
+            if arguments is None:
+                loaded.append(load_spec(job, [*fixed, *point], say_once))
+            else:
+                loaded.append(function_spec(job or None, split_point([*fixed, *point], arguments)[1]))
         except ConfigError as exc:
             raise ConfigError(
                 exc.key, f"{str(exc).removeprefix(exc.key + ': ')} (point {index}: {' '.join(point)})"
@@ -139,11 +157,21 @@ def check_points(job: str, fixed: list[str], points: list[list[str]], say) -> li
     return loaded
 
 
-def create(job: str, fixed: list[str], points: list[list[str]], max_parallel: int | None, say) -> Sweep:
-    """A new sweep's directory, every point validated first; nothing runs yet (``start``)."""
+def create(
+    job: str,
+    fixed: list[str],
+    points: list[list[str]],
+    max_parallel: int | None,
+    say,
+    function: bytes | None = None,
+    arguments: list[str] = (),
+) -> Sweep:
+    """A new sweep's directory, every point validated first; nothing runs yet (``start``).
+    ``function``: a function's sweep (its pickle; ``job`` the spec file, or "" for the
+    defaults), ``arguments`` the keys of the points that are the function's."""
     if not points:
         raise ConfigError("sweep", "no points: sweep a key with comma-separated values (optim.lr=0.01,0.1) or --points")
-    loaded = check_points(job, fixed, points, say)
+    loaded = check_points(job, fixed, points, say, None if function is None else list(arguments))
     spec = loaded[0][0]
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError("--max-parallel", f"must be at least 1, got {max_parallel}")
@@ -159,6 +187,9 @@ def create(job: str, fixed: list[str], points: list[list[str]], max_parallel: in
     limit = parallel_limit(spec, len(points), max_parallel)
     config = {"job": job, "cwd": str(Path.cwd()), "cluster": spec.cluster, "fixed": fixed, "points": points,
               "max_parallel": limit, "python": sys.executable}  # fmt: skip
+    if function is not None:
+        (path / FUNCTION).write_bytes(function)
+        config["function"] = {"arguments": list(arguments)}
     (path / SWEEP).write_text(json.dumps(config, indent=1))
     return Sweep(path)
 
@@ -168,7 +199,7 @@ def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> s
     allocation, else the sweep's runner. Which it was: "array" or "runner"."""
     config = sweep.config()
     backend, limit = backends.get(config["cluster"]), max_parallel or config["max_parallel"]
-    if backend.array_task_id:
+    if backend.array_task_id and "function" not in config:  # a function's points: one job each
         # sweep.json read once: a point's overrides from it, not a read of it per point
         overrides = [point_overrides(config["fixed"], config["points"][i], sweep.path, i) for i in indices]
         jobs = submissions(config["job"], overrides, backend)

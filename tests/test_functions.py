@@ -4,15 +4,16 @@ test_slurm.py, docker's in test_docker_jobs.py."""
 
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 from submitit.helpers import DelayedSubmission
 
 import cluster
-from cluster.api import function_spec
+from cluster.api import override_texts
 from cluster.backends.submitit_slurm import parameters
 from cluster.jobdir import FUNCTION_PICKLE
-from cluster.submission import submission
+from cluster.submission import function_spec, submission
 from tests.conftest import run_module
 from tests.support.functions import main_scope
 from tests.support.synthetic import make_job
@@ -21,9 +22,9 @@ TWO_BY_TWO = {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2, "mem": "8G", 
 
 
 def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tmp_path):
-    spec, plan = function_spec("jobs/multi_node.yaml", {**TWO_BY_TWO, "log_dir": str(tmp_path), "partition": "debug",
+    spec, plan = function_spec("jobs/multi_node.yaml", override_texts(values={**TWO_BY_TWO, "log_dir": str(tmp_path), "partition": "debug",
                                "account": "lab", "qos": "high", "constraint": "a100", "exclusive": True,
-                               "setup": ["module load cuda"], "env": {"NCCL_DEBUG": "WARN"}})  # fmt: skip
+                               "setup": ["module load cuda"], "env": {"NCCL_DEBUG": "WARN"}}))  # fmt: skip
     assert spec.cluster == "submitit" and spec.program.kind == "submitit" and not spec.program.require_progress
     job = submission(spec, plan)
     found = parameters(job)
@@ -48,15 +49,15 @@ def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tm
 
 
 def test_a_functions_job_has_submitits_signal_where_the_spec_has_none_and_runs_where_the_spec_says(tmp_path):
-    spec, _ = function_spec(None, {"log_dir": str(tmp_path)})
+    spec, _ = function_spec(None, [f"log_dir={tmp_path}"])
     assert (spec.cluster, spec.signal, spec.requeue) == ("submitit", "USR2@90", False)
     assert "--requeue-on-signal" not in cluster.dry_run(print, log_dir=str(tmp_path))  # no requeue: it runs on
-    spec, _ = function_spec("jobs/local.yaml", {"tasks_per_node": 3})
+    spec, _ = function_spec("jobs/local.yaml", ["tasks_per_node=3"])
     assert spec.cluster == "local" and spec.world_size == 3
 
 
 def test_a_function_that_restarts_inside_its_allocation_runs_in_the_kits_own_script(tmp_path):
-    spec, plan = function_spec("jobs/multi_node.yaml", {"restarts": 2, "spare_nodes": 1, "log_dir": str(tmp_path)})
+    spec, plan = function_spec("jobs/multi_node.yaml", ["restarts=2", "spare_nodes=1", f"log_dir={tmp_path}"])
     assert spec.cluster == "slurm"  # submitit's script has no attempts loop
     job = submission(spec, plan, function=DelayedSubmission(print, 1))
     assert "--submitit=$JOB_DIR/submitit" in job.script and "cluster.attempts" in job.script
@@ -101,9 +102,9 @@ def test_a_function_runs_on_every_local_rank_and_the_first_failing_ranks_traceba
     failed after it, in the barrier), and ``cluster logs`` names rank 3."""
     scope = main_scope()
     local = {"cluster": "local", "tasks_per_node": 4, "log_dir": str(tmp_path)}
-    job = cluster.submit(scope["ranks_sum"], "x", **local)
+    job = cluster.submit(scope["ranks_sum"], tag="x", **local)  # fn's parameter; the others are the spec's
     values = job.results(timeout=300)
-    assert [v["rank"] for v in values] == [0, 1, 2, 3] and {v["sum"] for v in values} == {6.0}
+    assert [v["rank"] for v in values] == [0, 1, 2, 3] and {(v["sum"], v["tag"]) for v in values} == {(6.0, "x")}
     assert job.result() == values[0] and (job.job_dir / "submitit" / f"{job.job_id}_submitted.pkl").exists()
 
     failing = cluster.submit(scope["fails_on"], 3, **local)
@@ -113,3 +114,39 @@ def test_a_function_runs_on_every_local_rank_and_the_first_failing_ranks_traceba
     assert ", in fails_on" in raised.value.cause  # the function's own frame
     report = json.loads(run_module("cluster", "logs", str(failing.job_dir), "--json").stdout)
     assert report["first_failure"]["rank"] == 3 and "rank 3 refuses" in report["first_failure"]["error"]
+
+
+def test_a_functions_sweep_validates_every_point_before_anything_runs(tmp_path):
+    def fn(lr):
+        return lr
+
+    local = {"cluster": "local", "log_dir": str(tmp_path)}
+    with pytest.raises(cluster.ConfigError) as raised:
+        cluster.sweep(fn, grid={"lr": [0.1], "nodes": [1, 2]}, **local)
+    assert raised.value.key == "nodes" and "point 1: lr=0.1 nodes=2" in str(raised.value)
+    with pytest.raises(cluster.ConfigError) as raised:
+        cluster.sweep(fn, grid={"learning_rate": [0.1, 1]}, **local)  # neither fn's nor the spec's
+    assert raised.value.key == "learning_rate"
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_functions_sweep_runs_every_point_and_tables_rank_0s_return_value(tmp_path):
+    """``cluster.sweep(fn, grid=...)``: ``lr`` is the function's argument, ``tasks_per_node`` the
+    spec's; at most 2 points at once; the point that raises fails alone, with its error; the
+    returned ``loss`` is the metric that names the best point."""
+    sweep = cluster.sweep(main_scope()["loss_of"], grid={"lr": [0.05, 0.1, 1.0], "tasks_per_node": [1, 2]},
+                          offset=0.5, cluster="local", log_dir=str(tmp_path), max_parallel=2)  # fmt: skip
+    sweep.wait(timeout=600)
+    table = sweep.table(metric="loss")
+    rows = {" ".join(r["overrides"]): r for r in table["points"]}
+    assert [r["state"] for r in table["points"]] == ["completed"] * 4 + ["failed"] * 2
+    assert rows["lr=0.1 tasks_per_node=2"]["metrics"]["loss"] == 0.5
+    assert "ValueError: lr=1.0 diverged" in rows["lr=1.0 tasks_per_node=1"]["first_failure"]["error"]
+    assert table["best"]["overrides"] == ["lr=0.1", "tasks_per_node=1"] and table["best"]["loss"] == 0.5
+    worlds = [json.loads((Path(r["job_dir"]) / "plan.json").read_text())["world_size"] for r in table["points"]]
+    assert worlds == [1, 2] * 3
+    starts = sorted((entry["time"], entry["point"]) for entry in sweep.sweep.jobs().values())
+    assert len(starts) == 6  # every point submitted once
+    printed = run_module("cluster", "logs", str(sweep.path), "--metric", "loss")
+    assert "best by loss (min): point 2 (lr=0.1 tasks_per_node=1)" in printed.stdout

@@ -25,16 +25,9 @@ import traceback
 from pathlib import Path
 
 from train.dist_env import DistEnv
+from train.protocol import result_pickle_name, submitted_pickle_name
 
 PICKLE_WAIT_S = 60.0  # as submitit's own runner: sbatch may start the job before the pickle is moved in
-
-
-def submitted_pickle(folder: Path, job_id: str) -> Path:
-    return folder / f"{job_id}_submitted.pkl"
-
-
-def result_pickle(folder: Path, job_id: str, rank: int) -> Path:
-    return folder / f"{job_id}_{rank}_result.pkl"
 
 
 def wait_for(path: Path, timeout_s: float) -> None:
@@ -64,13 +57,13 @@ def run(folder: str, env: DistEnv, requeue_signal: signal.Signals | None) -> Non
     from submitit.core.utils import DelayedSubmission, cloudpickle_dump, temporary_save_path  # lazy: as above
 
     where = Path(folder)
-    wait_for(submitted_pickle(where, env.job_id), PICKLE_WAIT_S)
-    delayed = DelayedSubmission.load(submitted_pickle(where, env.job_id))
+    wait_for(where / submitted_pickle_name(env.job_id), PICKLE_WAIT_S)
+    delayed = DelayedSubmission.load(where / submitted_pickle_name(env.job_id))
     if requeue_signal is not None:
         requeue_on(requeue_signal, delayed, where, env.job_id)
 
     def save(outcome: tuple) -> None:
-        with temporary_save_path(result_pickle(where, env.job_id, env.rank)) as tmp:
+        with temporary_save_path(where / result_pickle_name(env.job_id, env.rank)) as tmp:
             cloudpickle_dump(outcome, tmp)
 
     try:

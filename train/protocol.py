@@ -155,6 +155,16 @@ def node_log_name(node: int, attempt: int = 0) -> str:
     return _per_attempt(f"node_{node:05d}", attempt)
 
 
+def submitted_pickle_name(job_id: str) -> str:
+    """A Python function's job (``train.functions``): the pickled function, by submitit's name."""
+    return f"{job_id}_submitted.pkl"
+
+
+def result_pickle_name(job_id: str, rank: int) -> str:
+    """What rank ``rank`` of a function's job returned or raised, by submitit's name."""
+    return f"{job_id}_{rank}_result.pkl"
+
+
 def log_name(rank: int, attempt: int = 0) -> str:
     """A rank's stdout+stderr file; each requeued attempt gets its own."""
     return _per_attempt(f"rank_{rank:05d}", attempt)

@@ -81,6 +81,9 @@ class Backend:
     name: ClassVar[str]
     in_image: ClassVar[bool] = False  # the nodes run the spec's container.image themselves
     restarts: ClassVar[bool] = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
+    # Jobs wait in a queue for their resources: a sweep submits all its points at once by default
+    # (on this machine, local and docker points run one at a time unless asked).
+    scheduler: ClassVar[bool] = False
     requeues: ClassVar[bool] = False  # the scheduler puts a job back in its queue (spec requeue)
     # Each rank's shim opens its own log (where srun's --output cannot name one per rank).
     shim_opens_rank_logs: ClassVar[bool] = False

@@ -79,6 +79,7 @@ class SlurmBackend(Backend):
     name = "slurm"
     restarts = True
     requeues = True
+    scheduler = True
     array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
 
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:

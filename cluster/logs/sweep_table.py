@@ -60,6 +60,16 @@ def program_metrics(job: JobDir) -> dict:
     return metrics
 
 
+def result_metrics(job: JobDir) -> dict:
+    """A function's job: rank 0's return value as metrics: a number is ``result``, a dict's
+    numeric fields are themselves."""
+    kind, value = job.function_outcome(0)
+    if kind != "success":
+        return {}
+    fields = value if isinstance(value, dict) else {"result": value}
+    return {k: v for k, v in fields.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive: bool) -> dict:
     row = {"point": index, "overrides": overrides, "state": None, "job_dir": None,
            "steps": None, "metrics": {}, "wall_s": None, "first_failure": None}  # fmt: skip
@@ -75,7 +85,10 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
     steps = [r.last_step for r in report.ranks if r.last_step is not None]
     row["steps"] = max(steps) if steps else None
     metrics, started = trainer_metrics(job)
-    row["metrics"] = metrics if not (job.plan() or {}).get("program") else program_metrics(job)
+    program = (job.plan() or {}).get("program")
+    row["metrics"] = metrics if not program else program_metrics(job)
+    if program and program["kind"] == "submitit":
+        row["metrics"].update(result_metrics(job))
     ended_at = max((r.last_time for r in report.ranks if r.last_time), default=None)
     row["wall_s"] = round(ended_at - started, 1) if started and ended_at else None
     if report.world_size and report.completed == report.world_size:

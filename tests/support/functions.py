@@ -45,6 +45,14 @@ def dies_once():
     return attempt
 
 
+def loss_of(lr, offset=0.0):
+    """A sweep's point: a loss from its argument (rank 0's return value is the table's metric);
+    too large a rate diverges."""
+    if lr > 0.5:
+        raise ValueError(f"lr={lr} diverged")
+    return {"loss": (lr - 0.1) ** 2 + offset}
+
+
 class UntilRequeued(submitit.helpers.Checkpointable):
     """Runs until the time-limit signal in its first attempt; after one checkpoint (by
     submitit's protocol) and the requeue, returns how it got there."""
