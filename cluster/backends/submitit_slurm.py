@@ -91,7 +91,7 @@ class SubmititBackend(SlurmBackend):
     name = "submitit"
     restarts = False  # submitit's script has one srun: no attempts loop (requeue works)
     shim_opens_rank_logs = True  # submitit's srun names its own per-task logs
-    array_task_id = None  # a sweep takes a spec, not a function: no arrays of functions
+    array_task_id = None  # a function's sweep submits its points one by one (cluster.sweeps.launch)
 
     def check(self, spec) -> None:
         super().check(spec)
