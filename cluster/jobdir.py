@@ -54,7 +54,7 @@ SCRIPT = "job.sbatch"
 ARRAY_TASK_SCRIPT = "array-task.sbatch"
 SPEC = "spec.yaml"
 # A Python function's job (cluster.submit(fn)): submitit's folder, with its pickles by
-# submitit's names (train.functions): <job id>_submitted.pkl, <job id>_<rank>_result.pkl
+# submitit's names (train.protocol; train.functions runs them): <job id>_submitted.pkl, <job id>_<rank>_result.pkl
 FUNCTION_DIR = "submitit"
 FUNCTION_PICKLE = f"{FUNCTION_DIR}/{submitted_pickle_name('%j')}"  # where a launcher of the kit puts the function
 TRAIN_CONFIG = "train.yaml"
