@@ -132,9 +132,10 @@ def main() -> None:
         if agreed:
             if args.ckpt and rank == 0:
                 save(args.ckpt, done, model, optimizer)
-                if os.environ.get("SLURM_JOB_ID"):
-                    subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
-            print(f"stopping at step {done}: checkpoint saved, job requeued", flush=True)
+            # Said before the requeue: SLURM may end this step before `scontrol requeue` returns.
+            print(f"stopping at step {done}: checkpoint saved, requeueing the job", flush=True)
+            if args.ckpt and rank == 0 and os.environ.get("SLURM_JOB_ID"):
+                subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
             break
     x_test, y_test = synthetic(1024, seed=2)
     with torch.no_grad():

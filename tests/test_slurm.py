@@ -796,7 +796,7 @@ def test_your_own_script_gets_the_signal_saves_its_checkpoint_and_resumes_after_
     try:
         wait_for_line(job_dir / "rank_00000.log", "step 30/100000", timeout=120)
         subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
-        wait_for_line(job_dir / "rank_00000.log", "checkpoint saved, job requeued", timeout=60)
+        wait_for_line(job_dir / "rank_00000.log", "checkpoint saved, requeueing the job", timeout=60)
         wait_requeued(job_id)
         wait_for_line(job_dir / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=120)
     finally:
