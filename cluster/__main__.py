@@ -209,7 +209,7 @@ def cmd_logs(args) -> int:
     from cluster.logs.follow import follow
     from cluster.logs.plot import plot_step_times
     from cluster.logs.text import format_report, report_json, tail
-    from cluster.logs.triage import inspect, job_is_running
+    from cluster.logs.triage import collector_paused, inspect, job_is_running
 
     if Sweep.of(args.job):
         return sweep_logs(Sweep.of(args.job), args)
@@ -219,22 +219,24 @@ def cmd_logs(args) -> int:
             follow(job_dir, list(range(job_dir.world_size())), stop=lambda: job_is_running(job_dir) is not True)
         except KeyboardInterrupt:
             return 0
-    report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin,
-                     step_times=bool(args.plot))  # fmt: skip
-    if args.rank is not None:
-        files = job_dir.rank_logs(args.rank)
-        if not files:
-            raise ConfigError("--rank", f"no log for rank {args.rank} in {job_dir}")
-        for path in files:
-            print(f"==> {path} <==")
-            sys.stdout.write("".join(tail(path, args.tail)))
-    elif args.json:
-        print(report_json(report))
-    else:
-        print(format_report(report))
-    if args.plot:
-        plot_step_times(report, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
+    with collector_paused():  # the report's objects are freed by reference counting
+        report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin,
+                         step_times=bool(args.plot))  # fmt: skip
+        if args.rank is not None:
+            files = job_dir.rank_logs(args.rank)
+            if not files:
+                raise ConfigError("--rank", f"no log for rank {args.rank} in {job_dir}")
+            for path in files:
+                print(f"==> {path} <==")
+                sys.stdout.write("".join(tail(path, args.tail)))
+        elif args.json:
+            sys.stdout.flush()
+            sys.stdout.buffer.writelines(report_json(report))
+        else:
+            print(format_report(report))
+        if args.plot:
+            plot_step_times(report, args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if report.failed else 0
 
 

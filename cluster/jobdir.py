@@ -130,9 +130,13 @@ class JobDir:
         return self.path / PLAN
 
     def plan(self) -> dict | None:
-        """plan.json as submitted; None before it is written (or in a copied, partial directory)."""
-        # orjson: 16,384 ranks make a 1.2 MB plan, read on every `cluster logs`
-        return orjson.loads(self.plan_file.read_bytes()) if self.plan_file.exists() else None
+        """plan.json as submitted (read once: it is written at submission and never after; do
+        not change the dict); None before it is written (or in a copied, partial directory)."""
+        if (plan := self.__dict__.get("_plan")) is None and self.plan_file.exists():
+            # orjson: 16,384 ranks make a 1.2 MB plan, read on every `cluster logs`
+            plan = orjson.loads(self.plan_file.read_bytes())
+            object.__setattr__(self, "_plan", plan)
+        return plan
 
     @property
     def backend_name(self) -> str | None:

@@ -1,11 +1,13 @@
 """The log inspector on synthetic job directories (real failures are in test_local_jobs/test_slurm)."""
 
+import os
+
 import pytest
 
 from cluster.jobdir import JobDir
 from cluster.logs.scan import parse_traceback
 from cluster.logs.text import format_report
-from cluster.logs.triage import inspect
+from cluster.logs.triage import forked_map, inspect
 from cluster.stacks import compress
 from tests.support.synthetic import START, make_job, stamp
 
@@ -53,11 +55,25 @@ def test_compress():
 
 def test_triage_of_many_ranks(tmp_path):
     """The benchmark's synthetic job, scaled down (its speed against grep is the benchmark's:
-    docs/benchmarks.md, 1024 ranks x 5,000 lines); 128 ranks take the multi-process path."""
-    job = make_job(tmp_path, world=128, lines=2000, crash_rank=77)
+    docs/benchmarks.md); 256 ranks take the multi-process path where there are 2 cores."""
+    job = make_job(tmp_path, world=256, lines=1000, crash_rank=77)
     report = inspect(job, running=False)
+    assert [r.rank for r in report.ranks] == list(range(256))
     assert report.first_failure["rank"] == 77
-    assert sorted(r for ranks in report.cascade.values() for r in ranks) == [r for r in range(128) if r != 77]
+    assert sorted(r for ranks in report.cascade.values() for r in ranks) == [r for r in range(256) if r != 77]
+
+
+def test_a_forked_share_that_fails_is_done_here_and_no_child_is_left():
+    parent = os.getpid()
+
+    def square_here_only(chunk):
+        if os.getpid() != parent:
+            raise RuntimeError("a child's share fails")
+        return [x * x for x in chunk]
+
+    assert forked_map(square_here_only, [[1, 2], [3], [4, 5]]) == [[1, 4], [9], [16, 25]]
+    with pytest.raises(ChildProcessError):  # every child waited for
+        os.waitpid(-1, os.WNOHANG)
 
 
 def finished_rank(job_dir, rank: int, log_tail: str = "") -> None:

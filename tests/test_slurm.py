@@ -117,7 +117,7 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
     """The stock multi_node spec asks 8 CPUs per task and 128G per node; the emulated nodes
     have 4 CPUs and 8000 MB. SLURM accepts such a job and leaves it pending forever: status
     and --wait say why, and once cancelled, logs says no rank started."""
-    from cluster.backends import BACKENDS, JobRef, NeverStarts
+    from cluster.backends import JobRef, NeverStarts, get
     from cluster.backends.slurm import slurm_job
     from cluster.jobdir import JobDir
 
@@ -132,7 +132,7 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
         assert state["state"] == "PENDING" and state["reason"].startswith("PartitionConfig"), state
         assert "will not start as submitted" in state["reason"]
         said = []
-        ended = JobRef(JobDir(tmp_path / "multi-node" / info["job_id"]), BACKENDS["slurm"]).done_saying_why_pending(
+        ended = JobRef(JobDir(tmp_path / "multi-node" / info["job_id"]), get("slurm")).done_saying_why_pending(
             said.append
         )
         with pytest.raises(NeverStarts, match="will not start as submitted"):  # waiting would be forever

@@ -151,11 +151,11 @@ def test_the_api_is_the_package(tmp_path):
 
 
 def test_a_slurm_sweep_is_one_array_when_its_points_share_an_allocation(tmp_path):
-    from cluster.backends import BACKENDS
+    from cluster.backends import get
     from cluster.sweep_dir import point_overrides
     from cluster.sweeps import submissions
 
-    slurm = BACKENDS["slurm"]
+    slurm = get("slurm")
     same = [["optim.lr=0.1"], ["optim.lr=1"], ["optim.lr=10"]]
     jobs = submissions("jobs/multi_node.yaml", [point_overrides([], p, tmp_path, i) for i, p in enumerate(same)], slurm)
     script = slurm.array_script(jobs, [0, 1, 2], 2, tmp_path)

@@ -10,33 +10,37 @@ module that subclasses ``Backend`` and one line in ``BACKENDS`` (docs/backends.m
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from cluster.backends.base import Backend, NeverStarts, Say, State
-from cluster.backends.docker import DockerBackend
-from cluster.backends.local import LocalBackend
-from cluster.backends.slurm import SlurmBackend
-from cluster.backends.submitit_slurm import SubmititBackend
 from cluster.jobdir import JobDir
 from train.errors import ConfigError
 
-BACKENDS: dict[str, Backend] = {
-    "slurm": SlurmBackend(),
-    "local": LocalBackend(),
-    "docker": DockerBackend(),
-    "submitit": SubmititBackend(),
+# name -> its module and class. A backend's module is imported when a job asks for it (kept
+# lazy for start-up time: `cluster logs` of 16,384 ranks needs no scheduler's module it does
+# not ask, and all four cost a twentieth of its time).
+BACKENDS: dict[str, str] = {
+    "slurm": "cluster.backends.slurm:SlurmBackend",
+    "local": "cluster.backends.local:LocalBackend",
+    "docker": "cluster.backends.docker:DockerBackend",
+    "submitit": "cluster.backends.submitit_slurm:SubmititBackend",
 }
 # A Python function's job (cluster.submit(fn)) where another backend runs it: SLURM's through
 # submitit (but for restarts inside the allocation, see for_functions).
 FUNCTIONS = {"slurm": "submitit"}
 
 
+@functools.cache
 def get(name: str) -> Backend:
-    """The backend of a spec's ``cluster``; bad input (exit 2) for a name none has."""
+    """The backend of a spec's ``cluster`` (one instance per name); bad input (exit 2) for a
+    name none has."""
     if name not in BACKENDS:
         raise ConfigError("cluster", f"{name!r} is no backend: one of {', '.join(sorted(BACKENDS))}")
-    return BACKENDS[name]
+    module, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()
 
 
 def for_functions(name: str, restarts: bool) -> str:
@@ -48,7 +52,7 @@ def for_functions(name: str, restarts: bool) -> str:
 def of(job: JobDir) -> Backend | None:
     """The backend that ran a job, as its directory records it; None where it does not say."""
     name = job.backend_name
-    return BACKENDS.get(name) if name else None
+    return get(name) if name in BACKENDS else None
 
 
 @dataclass

@@ -61,8 +61,7 @@ def plot_step_times(report: Report, path: str | Path) -> dict:
     else:
         values = [v for row in grid for v in row if not math.isnan(v)]
         lo, hi = min(values), max(values)
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("lightgrey")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
         image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap,
                           norm=LogNorm(lo, hi) if hi > lo * 1.01 else None, extent=(0, t1 - t0, len(order), 0))  # fmt: skip
         fig.colorbar(image, ax=ax, label="step time (ms, per log interval)")
