@@ -187,7 +187,16 @@ def cmd_status(args) -> int:
         if "restarts" in status:
             r = status["restarts"]
             print(f"restarts: {r['used']} used, {r['left']} left (of {r['allowed']})")
+        if status.get("goodput"):
+            print(status["goodput"]["line"])
     return 0
+
+
+def cmd_goodput(args) -> int:
+    # LAZY: each command imports what it uses (the module docstring)
+    from cluster.goodput_cli import simulate_command
+
+    return simulate_command(args, say)
 
 
 def cmd_cancel(args) -> int:
@@ -208,7 +217,7 @@ def cmd_logs(args) -> int:
     # LAZY: each command imports what it uses (the module docstring)
     from cluster.logs.follow import follow
     from cluster.logs.plot import plot_step_times
-    from cluster.logs.text import format_report, report_json, tail
+    from cluster.logs.text import tail
     from cluster.logs.triage import collector_paused, inspect, job_is_running
 
     if Sweep.of(args.job):
@@ -229,15 +238,40 @@ def cmd_logs(args) -> int:
             for path in files:
                 print(f"==> {path} <==")
                 sys.stdout.write("".join(tail(path, args.tail)))
-        elif args.json:
-            sys.stdout.flush()
-            sys.stdout.buffer.writelines(report_json(report))
         else:
-            print(format_report(report))
+            print_report(report, job_dir, args)
         if args.plot:
             plot_step_times(report, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if report.failed else 0
+
+
+def print_report(report, job_dir: JobDir, args) -> None:
+    """The report, as text or JSON; the goodput line under the text, or with --goodput the
+    ledger per attempt and the advice (JSON: keys goodput and advice)."""
+    # LAZY: each command imports what it uses (the module docstring)
+    from cluster import goodput
+    from cluster.logs.text import format_report, report_json
+
+    ledger = goodput.ledger_of(job_dir) if args.goodput or not args.json else None
+    advice = None
+    if ledger and args.goodput:  # LAZY: YAML and the simulator only for --goodput
+        from cluster.goodput_cli import format_advice, goodput_advice
+
+        advice = goodput_advice(job_dir, ledger, args)
+    if args.json:
+        pieces = report_json(report)
+        if args.goodput:  # two more keys, before the closing brace
+            extra = {"goodput": ledger and ledger.to_json(), "advice": advice}
+            pieces[-1:] = [b",\n " + json.dumps(extra)[1:-1].encode() + b"\n}\n"]
+        sys.stdout.flush()
+        sys.stdout.buffer.writelines(pieces)
+        return
+    print(format_report(report))
+    if ledger and args.goodput:
+        print("\n".join(goodput.format_table(ledger) + format_advice(advice)))
+    elif ledger:
+        print(goodput.format_line(ledger))
 
 
 def sweep_logs(sweep: Sweep, args) -> int:
@@ -356,6 +390,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_submit)
     p = sub.add_parser(
+        "goodput",
+        help="predict the effective training time ratio at scale: failures replayed against phase costs",
+        description="Predict the effective training time ratio (ETTR) of a run at scale for three policies "
+        "(requeue only; restarts in the allocation; restarts with spare nodes), at its ckpt_every and at the "
+        "Young-Daly one. Phase costs come from JOB's ledger where a job is given, then from --simulate's keys.",
+    )
+    p.add_argument("job", nargs="?", help="a finished job (id or directory): its measured phase costs")
+    p.add_argument("--log-dir", default="runs", help="where to look for a job id (default: runs)")
+    p.add_argument("--simulate", nargs="*", default=[], metavar="key=value",
+                   help="nodes= gpus_per_node= work_h= step_s= ckpt_every= ckpt_s= startup_s= detection_s= restart_s= "
+                   "requeue_s= mtbf_h= node_loss= spare_nodes= trials= seed= failures_at=s1,s2")  # fmt: skip
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_goodput)
+    p = sub.add_parser(
         "sweep",
         help="run a spec over a grid of overrides (key=a,b,c), each point a job of its own",
         description="Run a job spec over a grid: each override with comma-separated values is swept "
@@ -401,6 +449,10 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--metric", help="a sweep's metric for the best point (default: test_loss, else train_loss)")
             p.add_argument("--mode", choices=("min", "max"), default="min", help="a sweep's best: lowest or highest")
+            p.add_argument("--goodput", action="store_true",
+                           help="where the job's time went, per attempt (--json: a goodput key), and the advised ckpt_every")  # fmt: skip
+            p.add_argument("--mtbf-hours", type=float,
+                           help="mean time between failures for the advice (default: 1.8 h x 16,384 GPUs / the job's)")  # fmt: skip
             p.add_argument("--silent-after", type=float, default=300.0, help="seconds without output = silent")
             p.add_argument("--straggler-margin", type=float, default=0.2, help="fraction above the median")
         if name == "snapshot":

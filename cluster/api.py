@@ -24,6 +24,7 @@ from inspect import signature
 from pathlib import Path
 from typing import Any
 
+from cluster import goodput
 from cluster import sweeps as sweep_module
 from cluster.attempt_history import restarts_used, summary
 from cluster.backends import JobRef, NeverStarts
@@ -157,13 +158,16 @@ class Job:
         return self.ref.done()
 
     def status(self) -> dict:
-        """What ``cluster status --json`` prints: state, reason, and restarts used and left."""
+        """What ``cluster status --json`` prints: state, reason, restarts used and left, and the
+        goodput so far (``cluster.goodput``)."""
         state = self.state()
         status = {"job_id": self.job_id, "state": state.name, "reason": state.reason, "log_dir": str(self.job_dir)}
         allowed = self.ref.job_dir.plan().get("restarts")
         if allowed:
             used = restarts_used(summary(self.ref.job_dir))
             status["restarts"] = {"allowed": allowed, "used": used, "left": allowed - used}
+        if (ledger := goodput.ledger_of(self.ref.job_dir)) is not None:  # so far, while it runs
+            status["goodput"] = {"ettr": ledger.to_json()["ettr"], "line": goodput.format_line(ledger)}
         return status
 
     def wait(self, timeout: float | None = None, say: Say = say_stderr, interval: float = 1.0) -> Report:

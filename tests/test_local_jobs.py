@@ -18,9 +18,13 @@ def test_local_job_completes_with_a_log_per_rank(tmp_path):
         assert f"rank {rank}/3 on " in (job_dir / f"rank_{rank:05d}.log").read_text()
     for name in ("plan.json", "job.sbatch", "spec.yaml", "train.yaml"):
         assert (job_dir / name).exists()
-    code, report = logs_json(job_dir)
+    code, report = logs_json(job_dir, "--goodput")
     assert code.returncode == 0 and report["first_failure"] is None
     assert [r["state"] for r in report["ranks"]] == ["completed"] * 3
+    ledger = report["goodput"]  # where its time went: the parts add up to the wall time
+    assert sum(ledger["categories"].values()) == pytest.approx(ledger["wall_s"], rel=0.01)
+    assert 0 < ledger["ettr"] < 1 and ledger["categories"]["start-up"] > 0 and len(ledger["attempts"]) == 1
+    assert run_module("cluster", "logs", str(job_dir)).stdout.splitlines()[-1].startswith("goodput ")
 
 
 def test_raising_rank_is_named_first_failure(tmp_path):

@@ -488,6 +488,34 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     assert 0 <= first["recomputed_steps"] <= 50 and first["recovery_s"] > 0
     text = run_module("cluster", "logs", str(job_dir)).stdout
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
+    check_goodput_of_a_restart(job_dir)
+
+
+def check_goodput_of_a_restart(job_dir):
+    """The ledger of a job restarted once: its parts add up to the wall time, the work lost is
+    the steps after the checkpoint resumed from at the measured step time, the restart is its
+    own category, and the simulator replaying that failure against the measured costs predicts
+    the measured ratio within 10 %."""
+    _, report = logs_json(job_dir, "--goodput")
+    ledger, advice = report["goodput"], report["advice"]
+    print(f"goodput: {json.dumps(ledger, indent=1)}\nadvice: {advice}")
+    c = ledger["categories"]
+    assert sum(c.values()) == pytest.approx(ledger["wall_s"], rel=0.01)
+    records = list(read_records(job_dir / "rank_00000.jsonl"))
+    resumed = next(r["step"] for r in records if r["event"] == "resume")
+    starts = [i for i, r in enumerate(records) if r["event"] == "start"]
+    reached = max(r["step"] for r in records[starts[0] : starts[1]] if r["event"] == "step")
+    step_s = ledger["attempts"][0]["step_s"]
+    assert c["lost work"] == pytest.approx((reached - resumed) * step_s, rel=0.2, abs=0.05)
+    assert c["restart"] > 0 and c["detection"] >= 0 and 0 < ledger["ettr"] < 1
+    assert advice["recommended_ckpt_every"] >= 1 and advice["ckpt_every"] == 50
+    failed_at = ledger["attempts"][0]["start-up"] + ledger["attempts"][0]["productive"] + ledger["attempts"][0][
+        "lost work"] + ledger["attempts"][0]["checkpoint"] + ledger["attempts"][0]["other"]  # fmt: skip
+    replay = run_module("cluster", "goodput", str(job_dir), "--json", "--simulate", "node_loss=1", "spare_nodes=1",
+                        f"failures_at={failed_at}")  # fmt: skip
+    assert replay.returncode == 0, replay.stderr
+    predicted = json.loads(replay.stdout)["policies"]["spare"]["ckpt_every"]
+    assert predicted == pytest.approx(ledger["ettr"], rel=0.1), (predicted, ledger["ettr"])
 
 
 def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(tmp_path, uninterrupted):

@@ -204,7 +204,9 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 raise NonFiniteLoss(f"{message}; {NON_FINITE_HINT}")
             say(message)
             return
+        started = time.perf_counter()
         checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
+        writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))  # goodput's
 
     try:
         for step in range(start + 1, t.steps + 1):

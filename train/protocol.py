@@ -14,7 +14,9 @@ last of a finished built-in run has ``final: true``), ``end`` (a user's program 
 first optimizer step of an attempt: a user's program's first ``step`` record says the same),
 ``failed`` (the rank's program raised: ``error`` "Type: message" and ``step``, the built-in
 trainer's step or a program's optimizer steps in this process; what tells a program error that
-repeats after a restart from a killed rank, a hang or a lost node).
+repeats after a restart from a killed rank, a hang or a lost node), ``checkpoint`` (a save:
+``step`` and ``seconds``; the built-in trainer writes one per save, a program under the shim
+may append one to the file named by RECORDS_VAR: ``cluster logs --goodput`` counts them).
 Signals: SIGTERM and fatal signals dump every thread's stack (faulthandler) and end the rank;
 DUMP_SIGNAL dumps and carries on (``cluster snapshot``); PREEMPT_SIGNAL asks for a checkpoint.
 """
@@ -81,6 +83,11 @@ def master_port_for_job(job_id: str | int) -> int:
     digits = re.sub(r"\D", "", str(job_id)) or "0"
     return PORT_BASE + int(digits) % PORT_SPAN
 
+
+# ----------------------------------------------------------------------------- records
+# The rank's records file, in the environment of a program under the shim: where it may append
+# its own ``checkpoint`` records (docs/goodput.md), without importing anything of the kit.
+RECORDS_VAR = "KIT_RECORDS"
 
 # ----------------------------------------------------------------------------- attempts
 # The attempt a rank belongs to when the job restarts itself inside its allocation (spec

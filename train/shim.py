@@ -49,7 +49,7 @@ from train import functions
 from train.dist_env import cpu_threads, from_environ, torchrun_environ
 from train.hangs import StallWatchdog, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
-from train.protocol import DUMP_SIGNAL, RecordWriter, log_name, parse_time_limit_signal, stamp
+from train.protocol import DUMP_SIGNAL, RECORDS_VAR, RecordWriter, log_name, parse_time_limit_signal, stamp
 
 KINDS = ("script", "module", "function", "command", "submitit")
 RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this often
@@ -217,6 +217,7 @@ def main(argv: list[str]) -> None:
     if threads:  # as torchrun does: ranks sharing a node's cores must not each take all of them
         os.environ["OMP_NUM_THREADS"] = str(threads)
     writer = RecordWriter(job_dir, env.rank)
+    os.environ[RECORDS_VAR] = str(writer.path)  # where a program may say what its checkpoints cost
     writer.write(
         "start", env=env.as_record(), pid=os.getpid(), program={"kind": kind, "target": target, "args": args.args}
     )

@@ -1,0 +1,264 @@
+"""Goodput: where a job's time went, from its records (``train.protocol``) and its attempts.
+
+The ledger cuts the job's wall time, from submission (plan.json's write) to its last record,
+into consecutive pieces, so that they add up to it exactly:
+
+    queued      submission -> the first attempt's launch (the batch script's start: it writes
+                train.yaml; an attempt of the kit's restarts: its start in attempts.jsonl)
+    start-up    an attempt's launch -> rank 0's first optimizer step
+    productive  the steps kept in the final result, at the attempt's median step time
+    checkpoint  the time rank 0 spent saving (checkpoint records: the built-in trainer writes
+                them; a program of one's own only where it says so, docs/goodput.md)
+    lost work   steps done after the checkpoint the next attempt resumed from, at that step time
+    other       the rest of the training span: evaluation, logging, what the records cannot tell
+    detection   the attempt's last progress -> its first error (the kit's attempt record; without
+                one, the attempt's end)
+    stalled     the same, where the attempt ended in a hang (stall watchdog or collective timeout)
+    restart     the first error -> the next attempt's launch: the ranks stopped, the failure
+                triaged, the next attempt launched inside the allocation, or the job requeued
+    teardown    the last attempt's last step -> the job's last record
+
+The effective training time ratio (ETTR) is productive / (wall - queued). Pure functions of
+records, so that tests build ledgers from made-up ones; ``ledger_of(job_dir)`` reads them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+
+from cluster.attempt_history import history
+from cluster.jobdir import TRAIN_CONFIG, JobDir
+
+CATEGORIES = ("queued", "start-up", "productive", "checkpoint", "lost work", "other", "detection", "stalled",
+              "restart", "teardown")  # fmt: skip
+# Meta's RSC: a mean time to failure of 1.8 h on 16,384 GPUs; a job of N GPUs: 1.8 h x 16,384 / N.
+MTBF_REFERENCE = (1.8, 16384)
+
+
+@dataclass
+class Attempt:
+    """One attempt, as its records tell it (times in seconds since the epoch)."""
+
+    launched: float
+    ended: float
+    first_step: float | None = None
+    last_progress: float | None = None
+    start_step: int = 0  # the step it resumed from
+    last_step: int = 0
+    step_s: float | None = None  # its median step time
+    checkpoint_s: float | None = 0.0  # None: unknown (a program that does not say)
+    failed: bool = False
+    failed_at: float | None = None  # its first error (the kit's attempt record), where known
+    hang: bool = False
+
+
+@dataclass
+class Ledger:
+    wall_s: float
+    categories: dict[str, float]
+    attempts: list[dict] = field(default_factory=list)
+    gpus: int = 0
+    notes: list[str] = field(default_factory=list)
+    checkpoint_known: bool = True
+
+    @property
+    def ettr(self) -> float | None:
+        running = self.wall_s - self.categories["queued"]
+        return self.categories["productive"] / running if running > 0 else None
+
+    def to_json(self) -> dict:
+        hours = {k: round(v * self.gpus / 3600, 4) for k, v in self.categories.items()}
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "ettr": None if self.ettr is None else round(self.ettr, 4),
+            "categories": {k: round(v, 3) for k, v in self.categories.items()},
+            "gpu_hours": hours if self.gpus else None,
+            "checkpoint_known": self.checkpoint_known,
+            "attempts": self.attempts,
+            "notes": self.notes,
+        }
+
+
+def build(submitted: float, attempts: list[Attempt], end: float | None = None) -> Ledger:
+    """The ledger of attempts launched in order; ``end``: the job's last record (at least the
+    last attempt's end). Every boundary is clamped to come after the one before it, so the
+    pieces are never negative and add up to the wall time exactly."""
+    spent = dict.fromkeys(CATEGORIES, 0.0)
+    clock = submitted
+    rows = []
+
+    def advance(to: float | None, category: str) -> float:
+        nonlocal clock
+        to = clock if to is None else max(to, clock)
+        spent[category] += to - clock
+        took, clock = to - clock, to
+        return took
+
+    resumed_from = [a.start_step for a in attempts[1:]] + [None]
+    for number, (a, next_start) in enumerate(zip(attempts, resumed_from)):
+        row = {"attempt": number}
+        if number == 0:
+            row["queued"] = advance(a.launched, "queued")
+        else:
+            row["restart"] = advance(a.launched, "restart")
+        row["start-up"] = advance(a.first_step if a.first_step is not None else a.ended, "start-up")
+        if a.first_step is not None:
+            span_start = clock
+            advance(a.last_progress, "other")  # the training span, divided below
+            span = clock - span_start
+            spent["other"] -= span
+            done = max(0, a.last_step - a.start_step)
+            kept = done if next_start is None else max(0, min(a.last_step, next_start) - a.start_step)
+            step_s = a.step_s if a.step_s is not None else (span / done if done else 0.0)
+            parts = {"productive": kept * step_s, "lost work": (done - kept) * step_s,
+                     "checkpoint": a.checkpoint_s or 0.0}  # fmt: skip
+            total = sum(parts.values())
+            if total > span and total > 0:  # the records' step times overstate the span: scale
+                parts = {k: v * span / total for k, v in parts.items()}
+            parts["other"] = span - sum(parts.values())
+            for k, v in parts.items():
+                spent[k] += v
+                row[k] = v
+            row.update(steps_done=done, steps_kept=kept, step_s=step_s)
+        if a.failed:  # found (the first error), then the ranks stopped, triaged, the next launched
+            found = "stalled" if a.hang else "detection"
+            row[found] = advance(a.failed_at if a.failed_at is not None else a.ended, found)
+            after = "restart" if next_start is not None else "teardown"
+            row[after] = advance(a.ended, after)
+        else:
+            row["teardown"] = advance(a.ended, "teardown")
+        rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+    if end is not None:
+        spent["teardown"] += max(0.0, end - clock)
+        clock = max(clock, end)
+    checkpoint_known = all(a.checkpoint_s is not None for a in attempts)
+    return Ledger(clock - submitted, spent, rows, checkpoint_known=checkpoint_known)
+
+
+def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
+    """A job's ledger from its files; None before rank 0 wrote a record."""
+    plan = job_dir.plan() or {}
+    records = job_dir.records(0)
+    if not records or not job_dir.plan_file.exists():
+        return None
+    submitted = job_dir.plan_file.stat().st_mtime
+    built_in = plan.get("program") is None
+    kit_attempts = history(job_dir)
+    starts = {r["attempt"]: r["time"] for r in kit_attempts if r["event"] == "start"}
+    ends = {r["attempt"]: r for r in kit_attempts if r["event"] == "end"}
+    launched0 = job_dir.file(TRAIN_CONFIG)
+    first_launch = os.stat(launched0).st_mtime if os.path.exists(launched0) else None
+    attempts = []
+    for number, mine in enumerate(split_attempts(records)):
+        launched = starts.get(number)
+        if launched is None:  # no restarts: the batch script's start for the first, a requeue's rank start
+            launched = first_launch if number == 0 and first_launch and first_launch >= submitted else mine[0]["time"]
+        attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
+    last_record = max(r.get("time", 0) for r in records)
+    for number, a in enumerate(attempts[:-1]):  # an attempt ends where the kit said, or at its last record
+        a.ended = max(a.ended, a.last_progress or a.launched)
+        if number + 1 not in starts:
+            a.ended = min(a.ended, attempts[number + 1].launched)
+    ledger = build(submitted, attempts, last_record)
+    ledger.gpus = gpus if gpus is not None else plan.get("nodes", 1) * gpus_per_node(plan)
+    if not built_in:
+        ledger.notes.append(
+            "your own program: its resume point is its own, so every step of a restarted attempt counts as kept; "
+            + (
+                "checkpoint time as it reported it"
+                if ledger.checkpoint_known
+                else "checkpoint time unknown (it reports none: docs/goodput.md has the one line that does)"
+            )  # fmt: skip
+        )
+    return ledger
+
+
+def gpus_per_node(plan: dict) -> int:
+    return (plan.get("tasks_per_node") or 1) * (plan.get("gpus_per_task") or 0)
+
+
+def split_attempts(records: list[dict]) -> list[list[dict]]:
+    """A rank's records, one list per attempt (each begins with a start record)."""
+    out: list[list[dict]] = []
+    for r in records:
+        if r.get("event") == "start" or not out:
+            out.append([])
+        out[-1].append(r)
+    return out
+
+
+def attempt_of(records: list[dict], launched: float, end: dict | None, built_in: bool) -> Attempt:
+    """One attempt of rank 0, from its records and the kit's end record of it (restarts)."""
+    progress = [r for r in records if r.get("event") in ("first_step", "step")]
+    first = next((r["time"] for r in records if r.get("event") == "first_step"), None)
+    steps = [r for r in records if r.get("event") == "step"]
+    resume = next((r["step"] for r in records if r.get("event") == "resume"), 0)
+    step_ms = [r["step_ms"] for r in steps if r.get("step_ms")]
+    saves = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
+    last_time = max(r.get("time", 0) for r in records)
+    a = Attempt(launched=launched, ended=end["time"] if end else last_time)
+    a.first_step = first
+    a.last_progress = max(r["time"] for r in progress) if progress else None
+    a.start_step = resume if built_in else 0
+    a.last_step = max((r["step"] for r in steps), default=a.start_step)
+    if not built_in:  # the shim counts this process's optimizer steps
+        a.last_step = max((r["step"] for r in steps), default=0)
+    a.step_s = statistics.median(step_ms) / 1000 if step_ms else None
+    a.checkpoint_s = sum(saves) if (saves or built_in) else None
+    a.failed = bool(end) or any(r.get("event") == "failed" for r in records)
+    a.failed_at = end.get("failed_at") if end else None
+    a.hang = bool(end and end.get("hang"))
+    return a
+
+
+def format_line(ledger: Ledger) -> str:
+    """``goodput 91.3 %: 4m02s start-up, 31 s lost work, ...`` (the non-productive pieces, largest first)."""
+    ettr = "unknown" if ledger.ettr is None else f"{ledger.ettr * 100:.1f} %"
+    rest = sorted(((v, k) for k, v in ledger.categories.items() if k != "productive" and v >= 0.5), reverse=True)
+    parts = ", ".join(f"{duration(v)} {k}" for v, k in rest)
+    return f"goodput {ettr} of {duration(ledger.wall_s)}" + (f": {parts}" if parts else "")
+
+
+def format_table(ledger: Ledger) -> list[str]:
+    cols = [c for c in CATEGORIES if any(c in row for row in ledger.attempts)]
+    lines = ["GOODPUT: " + format_line(ledger), "  attempt " + "".join(f"{c:>12}" for c in cols)]
+    for row in ledger.attempts:
+        lines.append(f"  {row['attempt']:>7} " + "".join(f"{duration(row[c]) if c in row else '-':>12}" for c in cols))
+    lines.append("  total   " + "".join(f"{duration(ledger.categories[c]):>12}" for c in cols))
+    if ledger.gpus:
+        lines.append(f"  GPU-hours ({ledger.gpus} GPUs): " + ", ".join(
+            f"{k} {v * ledger.gpus / 3600:.3f}" for k, v in ledger.categories.items() if v))  # fmt: skip
+    lines += [f"  note: {n}" for n in ledger.notes]
+    return lines
+
+
+def duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)  # not "-0.0 s": a float's rounding
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes}m{s:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+# ----------------------------------------------------------------------------- advice
+def mtbf_hours(gpus: int) -> float:
+    """A job's mean time between failures from its size, scaled from Meta's 1.8 h at 16,384 GPUs."""
+    hours, at = MTBF_REFERENCE
+    return hours * at / max(1, gpus)
+
+
+def young_daly_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """The checkpoint interval that wastes least: sqrt(2 x checkpoint cost x MTBF)."""
+    return math.sqrt(2 * checkpoint_s * mtbf_s)
+
+
+def expected_ettr(interval_s: float, checkpoint_s: float, mtbf_s: float, recovery_s: float) -> float:
+    """First-order share of time that is progress: saving costs checkpoint_s per interval; each
+    failure (every mtbf_s) loses half an interval of work and the recovery."""
+    if interval_s <= 0:
+        return 0.0
+    waste = checkpoint_s / (interval_s + checkpoint_s) + (interval_s / 2 + recovery_s) / mtbf_s
+    return max(0.0, 1 - waste)

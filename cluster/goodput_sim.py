@@ -1,0 +1,127 @@
+"""``cluster goodput --simulate``: the effective training time ratio a job would get at scale,
+replaying failures against measured phase costs (a job's ledger, ``cluster.goodput``).
+
+A run needs ``work_h`` hours of training. It starts up, trains in intervals of ``ckpt_every``
+steps each followed by a save, and fails after an exponential time of mean ``mtbf_h`` (or at
+the given ``failures_at``, seconds of running time: a replay of one measured run). A failure
+costs the work since the last save, the detection, and a recovery that depends on the policy:
+
+    requeue      every failure: the job requeued (``requeue_s``, its queue and launch)
+    restart      a restart inside the allocation (``restart_s``); a failure that loses a node
+                 (``node_loss`` of them) has no node to restart on, and is requeued
+    spare        as restart, a lost node replaced by a spare while ``spare_nodes`` last (a
+                 requeue brings a fresh allocation, with its spares)
+
+then start-up again. ETTR = work / running time (the first queue excluded, as in the ledger).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from dataclasses import dataclass, fields
+
+from cluster.goodput import mtbf_hours, young_daly_s
+from train.errors import ConfigError
+
+POLICIES = ("requeue", "restart", "spare")
+
+
+@dataclass
+class Scenario:
+    nodes: int = 2048
+    gpus_per_node: int = 8
+    work_h: float = 24.0
+    step_s: float = 1.0
+    ckpt_every: int = 500
+    ckpt_s: float = 30.0
+    startup_s: float = 300.0
+    detection_s: float = 60.0
+    restart_s: float = 30.0
+    requeue_s: float = 600.0
+    mtbf_h: float | None = None  # None: from the size (cluster.goodput.mtbf_hours)
+    node_loss: float = 0.78  # Llama 3: 78 % of unexpected interruptions were hardware
+    spare_nodes: int = 1
+    trials: int = 400
+    seed: int = 0
+    failures_at: tuple[float, ...] = ()  # a replay: failures at these seconds of running time
+
+    @property
+    def mtbf_s(self) -> float:
+        return 3600 * (self.mtbf_h if self.mtbf_h is not None else mtbf_hours(self.nodes * max(1, self.gpus_per_node)))
+
+
+def parse_scenario(pairs: list[str], base: Scenario | None = None) -> Scenario:
+    """``key=value`` pairs onto a scenario; bad input names the key (exit 2)."""
+    scenario = base or Scenario()
+    types = {f.name: f.type for f in fields(Scenario)}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or key not in types:
+            raise ConfigError(key, f"is no --simulate key: one of {', '.join(types)}")
+        try:
+            if key == "failures_at":
+                parsed = tuple(float(v) for v in value.split(",") if v)
+            elif key == "mtbf_h":
+                parsed = float(value)
+            else:
+                parsed = type(getattr(Scenario(), key))(value)
+        except ValueError:
+            raise ConfigError(key, f"{value!r} is not a {types[key]}") from None
+        if not isinstance(parsed, tuple) and parsed < 0:
+            raise ConfigError(key, f"{value!r} must not be negative")
+        setattr(scenario, key, parsed)
+    if scenario.ckpt_every < 1 or scenario.step_s <= 0:
+        raise ConfigError("ckpt_every", "ckpt_every must be >= 1 and step_s > 0")
+    return scenario
+
+
+def run_once(s: Scenario, policy: str, ckpt_every: int, rng: random.Random) -> float:
+    """One run's ETTR under ``policy``."""
+    work, interval = 3600 * s.work_h, ckpt_every * s.step_s
+    saved, clock, spares, replay = 0.0, 0.0, s.spare_nodes, list(s.failures_at)
+    while True:
+        clock += s.startup_s
+        to_failure = replay.pop(0) - clock if replay else (math.inf if s.failures_at else rng.expovariate(1 / s.mtbf_s))
+        to_failure = max(0.0, to_failure)
+        cycle = interval + s.ckpt_s
+        left = work - saved
+        cycles_left = math.ceil(left / interval)
+        finish = left + (cycles_left - 1) * s.ckpt_s  # no save after the last step
+        if finish <= to_failure:
+            return work / (clock + finish)
+        saved += min(left, math.floor(to_failure / cycle) * interval)
+        clock += to_failure + s.detection_s
+        lost_node = rng.random() < s.node_loss
+        if policy == "requeue" or (lost_node and (policy == "restart" or spares == 0)):
+            clock, spares = clock + s.requeue_s, s.spare_nodes
+        else:
+            clock, spares = clock + s.restart_s, spares - (lost_node and policy == "spare")
+
+
+def simulate(s: Scenario) -> dict:
+    """Mean ETTR per policy at the scenario's ``ckpt_every`` and at the Young-Daly one."""
+    best = max(1, round(young_daly_s(s.ckpt_s, s.mtbf_s) / s.step_s))
+    trials = 1 if s.failures_at else s.trials
+    out = {"mtbf_h": round(s.mtbf_s / 3600, 3), "recommended_ckpt_every": best, "policies": {}}
+    for policy in POLICIES:
+        out["policies"][policy] = {}
+        for label, every in (("ckpt_every", s.ckpt_every), ("recommended", best)):
+            rng = random.Random(s.seed)
+            out["policies"][policy][label] = round(
+                statistics.fmean(run_once(s, policy, every, rng) for _ in range(trials)), 4
+            )
+    return out
+
+
+def format_simulation(s: Scenario, result: dict) -> list[str]:
+    lines = [
+        f"{s.nodes} nodes x {s.gpus_per_node} GPUs, {s.work_h:g} h of training, MTBF {result['mtbf_h']:g} h, "
+        f"step {s.step_s:g} s, save {s.ckpt_s:g} s, start-up {s.startup_s:g} s, detection {s.detection_s:g} s, "
+        f"restart {s.restart_s:g} s, requeue {s.requeue_s:g} s",
+        f"{'policy':<10}{'ckpt_every=' + str(s.ckpt_every):>20}{'recommended=' + str(result['recommended_ckpt_every']):>22}",
+    ]
+    for policy, row in result["policies"].items():
+        lines.append(f"{policy:<10}{row['ckpt_every'] * 100:>19.1f}%{row['recommended'] * 100:>21.1f}%")
+    return lines

@@ -1,0 +1,100 @@
+"""The goodput ledger on made-up records, its advice, and the simulator (real jobs' ledgers are
+checked in test_local_jobs and test_slurm)."""
+
+import json
+import random
+
+import pytest
+
+from cluster.goodput import Attempt, attempt_of, build, expected_ettr, format_line, mtbf_hours, young_daly_s
+from cluster.goodput_sim import Scenario, parse_scenario, run_once, simulate
+from tests.conftest import run_module
+from train.errors import ConfigError
+
+
+def test_an_uninterrupted_job_is_queue_start_up_training_and_its_parts_add_up():
+    a = Attempt(launched=110, ended=300, first_step=130, last_progress=300, last_step=1000, step_s=0.15,
+                checkpoint_s=12.0)  # fmt: skip
+    ledger = build(100, [a], end=302)
+    c = ledger.categories
+    assert (c["queued"], c["start-up"], c["productive"], c["checkpoint"]) == (10, 20, 150, 12)
+    assert c["other"] == pytest.approx(8) and c["teardown"] == 2 and c["lost work"] == 0
+    assert ledger.wall_s == 202 and sum(c.values()) == pytest.approx(ledger.wall_s, rel=0.01)
+    assert ledger.ettr == pytest.approx(150 / 192)
+    assert format_line(ledger).startswith("goodput 78.1 % of 3m22s: 20 s start-up, 12 s checkpoint")
+
+
+def test_a_restart_shows_lost_work_detection_and_the_restart_each_as_its_own():
+    """Attempt 0 reached step 120 and its last checkpoint was 100; attempt 1 resumed from 100."""
+    first = Attempt(launched=0, ended=80, first_step=10, last_progress=70, last_step=120, step_s=0.5,
+                    failed=True)  # fmt: skip
+    second = Attempt(launched=90, ended=400, first_step=100, last_progress=400, start_step=100, last_step=700,
+                     step_s=0.5)  # fmt: skip
+    ledger = build(0, [first, second])
+    c = ledger.categories
+    assert c["lost work"] == 20 * 0.5 and c["detection"] == 10 and c["restart"] == 10
+    assert c["productive"] == (100 + 600) * 0.5 and c["start-up"] == 20
+    assert sum(c.values()) == pytest.approx(ledger.wall_s) == 400
+    rows = ledger.attempts
+    assert rows[0]["steps_done"] == 120 and rows[0]["steps_kept"] == 100 and rows[1]["restart"] == 10
+
+
+def test_a_hang_is_stalled_time_and_boundaries_out_of_order_are_never_negative():
+    hung = Attempt(launched=0, ended=200, first_step=5, last_progress=20, last_step=30, step_s=0.5, failed=True,
+                   hang=True)  # fmt: skip
+    late = Attempt(
+        launched=150, ended=300, first_step=140, last_progress=290, start_step=0, last_step=280, step_s=0.5
+    )  # fmt: skip  (its first step "before" its launch: clocks of two nodes)
+    ledger = build(0, [hung, late], end=310)
+    assert ledger.categories["stalled"] == 180
+    assert all(v >= 0 for v in ledger.categories.values())
+    assert sum(ledger.categories.values()) == pytest.approx(ledger.wall_s) == 310
+
+
+def test_your_own_programs_checkpoint_time_is_unknown_unless_it_says():
+    records = [{"event": "start", "time": 1.0}, {"event": "first_step", "step": 1, "time": 3.0},
+               {"event": "step", "step": 50, "step_ms": 10.0, "time": 4.0}, {"event": "end", "time": 5.0}]  # fmt: skip
+    silent = attempt_of(records, 0.0, None, built_in=False)
+    told = attempt_of([*records, {"event": "checkpoint", "step": 50, "seconds": 0.3, "time": 4.5}], 0.0, None, False)
+    assert silent.checkpoint_s is None and told.checkpoint_s == 0.3
+    assert not build(0, [silent]).checkpoint_known and build(0, [told]).checkpoint_known
+
+
+def test_young_daly_and_the_mtbf_scaled_from_the_size():
+    assert mtbf_hours(16384) == 1.8 and mtbf_hours(2048 * 8) == 1.8 and mtbf_hours(8) == 1.8 * 2048
+    best = young_daly_s(30, 3600)
+    assert best == pytest.approx(464.8, abs=0.1)
+    at_best = expected_ettr(best, 30, 3600, 300)
+    assert at_best > expected_ettr(best / 4, 30, 3600, 300) and at_best > expected_ettr(best * 4, 30, 3600, 300)
+
+
+def test_the_simulator_ranks_the_policies_and_a_replay_is_the_ledger_arithmetic():
+    at_scale = simulate(Scenario(trials=100))
+    p = at_scale["policies"]
+    assert p["requeue"]["ckpt_every"] < p["restart"]["ckpt_every"] < p["spare"]["ckpt_every"] < 1
+    assert at_scale["recommended_ckpt_every"] == round(young_daly_s(30, 1.8 * 3600))
+    # One failure at 100 s of running time, nothing random left: the ETTR by hand.
+    s = Scenario(work_h=200 / 3600, step_s=1, ckpt_every=50, ckpt_s=2, startup_s=10, detection_s=5, restart_s=3,
+                 node_loss=1, spare_nodes=1, failures_at=(100.0,))  # fmt: skip
+    # 10 s start-up, 90 s: one interval of 50 + its save, 38 s lost; 5 + 3 s; 10 s start-up; 150 s + 2 saves
+    assert run_once(s, "spare", 50, random.Random(0)) == pytest.approx(200 / (100 + 5 + 3 + 10 + 150 + 4))
+
+
+def test_simulate_keys_are_checked_by_name():
+    assert parse_scenario(["nodes=16", "failures_at=10,20"]).failures_at == (10.0, 20.0)
+    with pytest.raises(ConfigError, match="nodez"):
+        parse_scenario(["nodez=3"])
+    with pytest.raises(ConfigError, match="ckpt_s"):
+        parse_scenario(["ckpt_s=-1"])
+
+
+def test_cluster_goodput_simulate_prints_each_policy_and_the_advised_interval():
+    done = run_module("cluster", "goodput", "--simulate", "nodes=2048", "gpus_per_node=8", "trials=50", "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert set(out["policies"]) == {"requeue", "restart", "spare"} and out["mtbf_h"] == 1.8
+    assert all(0 < v < 1 for row in out["policies"].values() for v in row.values())
+    text = run_module("cluster", "goodput", "--simulate", "nodes=64", "trials=20").stdout
+    assert "recommended=" in text and "spare" in text
+    bad = run_module("cluster", "goodput", "--simulate", "nodez=2")
+    assert bad.returncode == 2 and "nodez" in bad.stderr and "Traceback" not in bad.stderr
