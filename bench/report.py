@@ -181,7 +181,7 @@ def restart_costs(rounds: int) -> dict | None:
     if not minicluster.is_up():
         return None
     say("restarts: recovery in the allocation vs a requeue; start-up vs a probe (SLURM)")
-    return restart_bench.measure(rounds)
+    return restart_bench.measure(rounds, DOCS / "goodput.png")
 
 
 def scaling_study() -> dict:
@@ -364,7 +364,7 @@ def render_markdown(r: dict) -> str:
     if rs and "error" in rs:
         lines.append(f"The measurement failed: {rs['error']}")
     elif rs:
-        lines += restart_bench.markdown(rs)
+        lines += [*restart_bench.markdown(rs), "", "![goodput timeline of the node-loss run](goodput.png)"]
     else:
         lines.append("Skipped (no SLURM here; `make minicluster` first).")
     g = r.get("gpu")

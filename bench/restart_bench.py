@@ -8,6 +8,10 @@
 - **Start-up**: a restart pays the job's start-up again. From submission to the first
   training step of the kit, against a minimal probe on the same nodes: an sbatch script whose
   srun'd ranks import torch, ``init_process_group`` and do one all_reduce.
+- **Goodput**: the ledger (``cluster logs --goodput``) of the same job uninterrupted, with its
+  second node lost and restarted on the spare, requeued at the same step instead, and hung
+  (a rank of the second node stops; the stall watchdog ends the attempt, the spare replaces
+  the node); the timeline of the node-loss run is drawn to docs/goodput.png.
 
 Each contender runs once per round, interleaved, and the medians are reported.
 """
@@ -83,7 +87,7 @@ def ended(job_id: str) -> bool:
     return not out.stdout.strip()
 
 
-def in_allocation(tmp: Path) -> float:
+def in_allocation(tmp: Path) -> tuple[float, Path]:
     job_dir = submit(tmp, *RUN, "restarts=1", "spare_nodes=1")
     try:
         for rank in (2, 3):
@@ -94,10 +98,10 @@ def in_allocation(tmp: Path) -> float:
     out = subprocess.run(
         [sys.executable, "-m", "cluster", "logs", str(job_dir), "--json"], capture_output=True, text=True
     )
-    return json.loads(out.stdout)["attempts"][0]["recovery_s"]
+    return json.loads(out.stdout)["attempts"][0]["recovery_s"], job_dir
 
 
-def requeued(tmp: Path) -> float:
+def requeued(tmp: Path) -> tuple[float, Path]:
     job_dir = submit(tmp, *RUN, "requeue=true")
     try:
         wait_until(lambda: reached(job_dir, 0, FAIL_AT), 300, "step 60", 0.2)
@@ -108,7 +112,33 @@ def requeued(tmp: Path) -> float:
         wait_until(lambda: ended(job_dir.name), 600, "the job to end")
     finally:
         subprocess.run(["scancel", job_dir.name], check=False)
-    return first - failed_at
+    return first - failed_at, job_dir
+
+
+def uninterrupted(tmp: Path) -> tuple[float, Path]:
+    job_dir = submit(tmp, *RUN)
+    try:
+        wait_until(lambda: ended(job_dir.name), 600, "the job to end")
+    finally:
+        subprocess.run(["scancel", job_dir.name], check=False)
+    return ledger(job_dir)["ettr"], job_dir
+
+
+def hung(tmp: Path) -> tuple[float, Path]:
+    """Rank 2 (second node) hangs at step 60 in the first attempt; the watchdog ends it after 15 s."""
+    hang = [f"train.hang_at_step={FAIL_AT}", "train.hang_rank=2", "train.fault_attempt=0", "train.stall_timeout_s=15"]
+    job_dir = submit(tmp, *RUN, "restarts=1", "spare_nodes=1", *hang)
+    try:
+        wait_until(lambda: ended(job_dir.name), 600, "the job to end")
+    finally:
+        subprocess.run(["scancel", job_dir.name], check=False)
+    return ledger(job_dir)["ettr"], job_dir
+
+
+def ledger(job_dir: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "cluster", "logs", str(job_dir), "--goodput", "--json"],
+                         capture_output=True, text=True)  # fmt: skip
+    return json.loads(out.stdout)["goodput"]
 
 
 # What any training program pays on top of the probe: torch.optim's first optimizer imports
@@ -134,27 +164,42 @@ def kit_start(tmp: Path) -> float:
     return wait_until(lambda: records(job_dir, 0, "first_step"), 300, "the kit's first step", 0.05)[0]["time"] - start
 
 
-def measure(rounds: int) -> dict:
-    """Medians of ``rounds`` interleaved runs of each contender."""
+# The goodput table's runs: (its row, the figure the contender reports)
+GOODPUT_RUNS = {"uninterrupted": "uninterrupted_ettr", "a node lost, restarted on the spare": "in_allocation_s",
+                "requeued instead (no restarts)": "requeue_s", "a hang, ended by the watchdog": "hang_ettr"}  # fmt: skip
+
+
+def measure(rounds: int, plot: Path | None = None) -> dict:
+    """Medians of ``rounds`` interleaved runs of each contender; the last round's ledgers."""
     contenders = {
         "in_allocation_s": in_allocation,
         "requeue_s": requeued,
+        "uninterrupted_ettr": uninterrupted,
+        "hang_ettr": hung,
         "probe_s": probe,
         "probe_optimizer_s": lambda tmp: probe(tmp, OPTIMIZER),
         "kit_s": kit_start,
     }
     seen: dict[str, list[float]] = {k: [] for k in contenders}
+    jobs: dict[str, Path] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for name, run in contenders.items():
                 where = Path(tmp) / f"{name}{i}"
                 where.mkdir()
-                seen[name].append(run(where))
-                say(f"round {i + 1}/{rounds}: {name} {seen[name][-1]:.1f}")
+                figure = run(where)
+                if isinstance(figure, tuple):
+                    figure, jobs[name] = figure
+                seen[name].append(figure)
+                say(f"round {i + 1}/{rounds}: {name} {seen[name][-1]:.2f}")
+        ledgers = {row: ledger(jobs[name]) for row, name in GOODPUT_RUNS.items()}
+        if plot:
+            subprocess.run([sys.executable, "-m", "cluster", "logs", str(jobs["in_allocation_s"]), "--goodput",
+                            "--plot", str(plot)], capture_output=True, check=False)  # fmt: skip
     result = {k: statistics.median(v) for k, v in seen.items()}
     ratios = {"kit_vs_probe": result["kit_s"] / result["probe_s"],
               "kit_vs_probe_optimizer": result["kit_s"] / result["probe_optimizer_s"]}  # fmt: skip
-    return {**result, **ratios, "all": seen, "rounds": rounds}
+    return {**result, **ratios, "all": seen, "rounds": rounds, "goodput": ledgers}
 
 
 def markdown(r: dict) -> list[str]:
@@ -170,18 +215,33 @@ def markdown(r: dict) -> list[str]:
         f" one torch optimizer, as every training program does (its first one imports torch._dynamo, about 1 s of"
         f" CPU per rank): {r['probe_optimizer_s']:.1f} s ({every('probe_optimizer_s')}), **ratio"
         f" {r['kit_vs_probe_optimizer']:.2f}**.",
+        "",
+        "Goodput (`cluster logs --goodput`, the last round): 2 nodes x 2 ranks, 400 steps, `ckpt_every=50`, the failure"
+        " at step 60; seconds per category and the effective training time ratio.",
+        "",
+        *goodput_table(r["goodput"]),
     ]
+
+
+def goodput_table(ledgers: dict[str, dict]) -> list[str]:
+    shown = [c for c in next(iter(ledgers.values()))["categories"] if any(g["categories"][c] for g in ledgers.values())]
+    lines = [f"| run | wall | {' | '.join(shown)} | ETTR |", "|---" * (len(shown) + 3) + "|"]
+    for row, g in ledgers.items():
+        cells = " | ".join(f"{g['categories'][c]:.1f}" for c in shown)
+        lines.append(f"| {row} | {g['wall_s']:.1f} | {cells} | **{g['ettr'] * 100:.1f} %** |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.restart_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--plot", type=Path, help="draw the node-loss run's goodput timeline to this PNG")
     args = parser.parse_args(argv)
     if not minicluster.is_up():
         print("error: the SLURM minicluster is not up (make minicluster)", file=sys.stderr)
         return 2
-    result = measure(args.rounds)
+    result = measure(args.rounds, args.plot)
     print(json.dumps(result, indent=1) if args.json else "\n".join(markdown(result)))
     return 0
 

@@ -215,8 +215,9 @@ def cmd_cancel(args) -> int:
 
 def cmd_logs(args) -> int:
     # LAZY: each command imports what it uses (the module docstring)
+    from cluster import goodput
     from cluster.logs.follow import follow
-    from cluster.logs.plot import plot_step_times
+    from cluster.logs.plot import plot_goodput, plot_step_times
     from cluster.logs.text import tail
     from cluster.logs.triage import collector_paused, inspect, job_is_running
 
@@ -240,7 +241,13 @@ def cmd_logs(args) -> int:
                 sys.stdout.write("".join(tail(path, args.tail)))
         else:
             print_report(report, job_dir, args)
-        if args.plot:
+        if args.plot and args.goodput:
+            ledger = goodput.ledger_of(job_dir)
+            if ledger is None:
+                raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
+            plot_goodput(ledger, str(job_dir), args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
+        elif args.plot:
             plot_step_times(report, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if report.failed else 0
@@ -256,9 +263,9 @@ def print_report(report, job_dir: JobDir, args) -> None:
     ledger = goodput.ledger_of(job_dir) if args.goodput or not args.json else None
     advice = None
     if ledger and args.goodput:  # LAZY: YAML and the simulator only for --goodput
-        from cluster.goodput_cli import format_advice, goodput_advice
+        from cluster.goodput_cli import format_advice, goodput_advice, gpu_hour_price
 
-        advice = goodput_advice(job_dir, ledger, args)
+        advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args), gpu_hour_price(job_dir)
     if args.json:
         pieces = report_json(report)
         if args.goodput:  # two more keys, before the closing brace
@@ -445,7 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tail", type=int, default=40, help="lines of --rank to print")
             p.add_argument("--follow", action="store_true", help="merged, rank-prefixed live stream of all ranks")
             p.add_argument(
-                "--plot", help="write step time per rank over steps (a sweep: the metric by parameter) to this PNG"
+                "--plot",
+                help="write step time per rank over steps (with --goodput: the timeline by category; "
+                "a sweep: the metric by parameter) to this PNG",
             )
             p.add_argument("--metric", help="a sweep's metric for the best point (default: test_loss, else train_loss)")
             p.add_argument("--mode", choices=("min", "max"), default="min", help="a sweep's best: lowest or highest")

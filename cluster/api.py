@@ -192,6 +192,12 @@ class Job:
         """What ``cluster logs --json`` prints: ranks, first_failure, cascade, hang, attempts ..."""
         return self.report(**options).to_json()
 
+    def goodput(self) -> dict | None:
+        """Where the job's time went so far: ``cluster logs --goodput --json``'s ``goodput``
+        (None before rank 0 wrote a record)."""
+        ledger = goodput.ledger_of(self.ref.job_dir)
+        return ledger and ledger.to_json()
+
     def results(self, timeout: float | None = None, say: Say = say_stderr) -> list:
         """A function's job: every rank's return value, by rank, once the job has ended.
         :class:`FunctionFailed` with the first failing rank's traceback (the triage's first

@@ -3,8 +3,10 @@
 The ledger cuts the job's wall time, from submission (plan.json's write) to its last record,
 into consecutive pieces, so that they add up to it exactly:
 
-    queued      submission -> the first attempt's launch (the batch script's start: it writes
-                train.yaml; an attempt of the kit's restarts: its start in attempts.jsonl)
+    queued      submission (spec.yaml's write) -> the first attempt's launch (the batch script's
+                start: it writes train.yaml; an attempt of the kit's restarts: its start in
+                attempts.jsonl; a requeued attempt: rank 0's process start, its start record's
+                ``launched``)
     start-up    an attempt's launch -> rank 0's first optimizer step
     productive  the steps kept in the final result, at the attempt's median step time
     checkpoint  the time rank 0 spent saving (checkpoint records: the built-in trainer writes
@@ -13,13 +15,15 @@ into consecutive pieces, so that they add up to it exactly:
     other       the rest of the training span: evaluation, logging, what the records cannot tell
     detection   the attempt's last progress -> its first error (the kit's attempt record; without
                 one, the attempt's end)
-    stalled     the same, where the attempt ended in a hang (stall watchdog or collective timeout)
+    stalled     instead of detection and restart, where the attempt ended in a hang: the last
+                progress -> the attempt's end (the stall watchdog or a collective's timeout)
     restart     the first error -> the next attempt's launch: the ranks stopped, the failure
                 triaged, the next attempt launched inside the allocation, or the job requeued
     teardown    the last attempt's last step -> the job's last record
 
-The effective training time ratio (ETTR) is productive / (wall - queued). Pure functions of
-records, so that tests build ledgers from made-up ones; ``ledger_of(job_dir)`` reads them.
+The effective training time ratio (ETTR) is productive / (wall - queued). ``build`` is a pure
+function of attempts, so that tests build ledgers from made-up ones; ``ledger_of(job_dir)``
+reads a job's files.
 """
 
 from __future__ import annotations
@@ -63,19 +67,28 @@ class Ledger:
     gpus: int = 0
     notes: list[str] = field(default_factory=list)
     checkpoint_known: bool = True
+    # (start, end, category, attempt), seconds since submission, in order: the timeline (--plot)
+    segments: list[tuple[float, float, str, int]] = field(default_factory=list)
+    gpu_hour: float = 0.0  # the spec's cost.gpu_hour: each category priced where it is set
 
     @property
     def ettr(self) -> float | None:
         running = self.wall_s - self.categories["queued"]
         return self.categories["productive"] / running if running > 0 else None
 
+    @property
+    def gpu_hours(self) -> dict[str, float]:
+        """Each category's GPU-hours: nodes x GPUs per node x its time."""
+        return {k: v * self.gpus / 3600 for k, v in self.categories.items()}
+
     def to_json(self) -> dict:
-        hours = {k: round(v * self.gpus / 3600, 4) for k, v in self.categories.items()}
+        hours = self.gpu_hours
         return {
             "wall_s": round(self.wall_s, 3),
             "ettr": None if self.ettr is None else round(self.ettr, 4),
             "categories": {k: round(v, 3) for k, v in self.categories.items()},
-            "gpu_hours": hours if self.gpus else None,
+            "gpu_hours": {k: round(v, 4) for k, v in hours.items()} if self.gpus else None,
+            "cost": {k: round(v * self.gpu_hour, 2) for k, v in hours.items()} if self.gpus and self.gpu_hour else None,
             "checkpoint_known": self.checkpoint_known,
             "attempts": self.attempts,
             "notes": self.notes,
@@ -88,12 +101,15 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
     pieces are never negative and add up to the wall time exactly."""
     spent = dict.fromkeys(CATEGORIES, 0.0)
     clock = submitted
-    rows = []
+    rows, segments = [], []
+    number = 0
 
     def advance(to: float | None, category: str) -> float:
         nonlocal clock
         to = clock if to is None else max(to, clock)
         spent[category] += to - clock
+        if to > clock:
+            segments.append((clock - submitted, to - submitted, category, number))
         took, clock = to - clock, to
         return took
 
@@ -105,11 +121,9 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
         else:
             row["restart"] = advance(a.launched, "restart")
         row["start-up"] = advance(a.first_step if a.first_step is not None else a.ended, "start-up")
-        if a.first_step is not None:
-            span_start = clock
-            advance(a.last_progress, "other")  # the training span, divided below
-            span = clock - span_start
-            spent["other"] -= span
+        if a.first_step is not None:  # the training span, divided: the lost work is its end
+            span_end = max(clock, a.last_progress if a.last_progress is not None else clock)
+            span = span_end - clock
             done = max(0, a.last_step - a.start_step)
             kept = done if next_start is None else max(0, min(a.last_step, next_start) - a.start_step)
             step_s = a.step_s if a.step_s is not None else (span / done if done else 0.0)
@@ -119,23 +133,24 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
             if total > span and total > 0:  # the records' step times overstate the span: scale
                 parts = {k: v * span / total for k, v in parts.items()}
             parts["other"] = span - sum(parts.values())
-            for k, v in parts.items():
-                spent[k] += v
-                row[k] = v
+            for k in ("productive", "checkpoint", "other"):
+                advance(clock + parts[k], k)
+            advance(span_end, "lost work")
+            row.update(parts)
             row.update(steps_done=done, steps_kept=kept, step_s=step_s)
-        if a.failed:  # found (the first error), then the ranks stopped, triaged, the next launched
-            found = "stalled" if a.hang else "detection"
-            row[found] = advance(a.failed_at if a.failed_at is not None else a.ended, found)
+        if a.hang:  # stuck until the watchdog or a collective's timeout ended the attempt
+            row["stalled"] = advance(a.ended, "stalled")
+        elif a.failed or next_start is not None:  # found (the first error), ranks stopped, triaged, the next launched
+            row["detection"] = advance(a.failed_at if a.failed_at is not None else a.ended, "detection")
             after = "restart" if next_start is not None else "teardown"
             row[after] = advance(a.ended, after)
         else:
             row["teardown"] = advance(a.ended, "teardown")
         rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-    if end is not None:
-        spent["teardown"] += max(0.0, end - clock)
-        clock = max(clock, end)
+    if end is not None and rows:
+        rows[-1]["teardown"] = round(rows[-1].get("teardown", 0.0) + advance(end, "teardown"), 3)
     checkpoint_known = all(a.checkpoint_s is not None for a in attempts)
-    return Ledger(clock - submitted, spent, rows, checkpoint_known=checkpoint_known)
+    return Ledger(clock - submitted, spent, rows, checkpoint_known=checkpoint_known, segments=segments)
 
 
 def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
@@ -144,7 +159,8 @@ def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
     records = job_dir.records(0)
     if not records or not job_dir.plan_file.exists():
         return None
-    submitted = job_dir.plan_file.stat().st_mtime
+    # spec.yaml is written once, at submission (a batch script writes plan.json again at each launch)
+    submitted = (job_dir.spec_file if job_dir.spec_file.exists() else job_dir.plan_file).stat().st_mtime
     built_in = plan.get("program") is None
     kit_attempts = history(job_dir)
     starts = {r["attempt"]: r["time"] for r in kit_attempts if r["event"] == "start"}
@@ -154,8 +170,10 @@ def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
     attempts = []
     for number, mine in enumerate(split_attempts(records)):
         launched = starts.get(number)
-        if launched is None:  # no restarts: the batch script's start for the first, a requeue's rank start
-            launched = first_launch if number == 0 and first_launch and first_launch >= submitted else mine[0]["time"]
+        if launched is None:  # no restarts: the batch script's start for the first, else the rank's process
+            # (train.yaml is written again at each launch: it dates the first only if it precedes its records)
+            early = first_launch is not None and submitted <= first_launch <= mine[0]["time"]
+            launched = first_launch if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
         attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
     last_record = max(r.get("time", 0) for r in records)
     for number, a in enumerate(attempts[:-1]):  # an attempt ends where the kit said, or at its last record
@@ -203,9 +221,7 @@ def attempt_of(records: list[dict], launched: float, end: dict | None, built_in:
     a.first_step = first
     a.last_progress = max(r["time"] for r in progress) if progress else None
     a.start_step = resume if built_in else 0
-    a.last_step = max((r["step"] for r in steps), default=a.start_step)
-    if not built_in:  # the shim counts this process's optimizer steps
-        a.last_step = max((r["step"] for r in steps), default=0)
+    a.last_step = max((r["step"] for r in steps), default=a.start_step)  # the shim's: this process's steps
     a.step_s = statistics.median(step_ms) / 1000 if step_ms else None
     a.checkpoint_s = sum(saves) if (saves or built_in) else None
     a.failed = bool(end) or any(r.get("event") == "failed" for r in records)
@@ -230,7 +246,10 @@ def format_table(ledger: Ledger) -> list[str]:
     lines.append("  total   " + "".join(f"{duration(ledger.categories[c]):>12}" for c in cols))
     if ledger.gpus:
         lines.append(f"  GPU-hours ({ledger.gpus} GPUs): " + ", ".join(
-            f"{k} {v * ledger.gpus / 3600:.3f}" for k, v in ledger.categories.items() if v))  # fmt: skip
+            f"{k} {v:.3f}" for k, v in ledger.gpu_hours.items() if v))  # fmt: skip
+    if ledger.gpus and ledger.gpu_hour:
+        lines.append(f"  cost at {ledger.gpu_hour:g} per GPU-hour: " + ", ".join(
+            f"{k} {v * ledger.gpu_hour:.2f}" for k, v in ledger.gpu_hours.items() if v))  # fmt: skip
     lines += [f"  note: {n}" for n in ledger.notes]
     return lines
 

@@ -40,6 +40,12 @@ def measured(job_dir: JobDir, ledger: Ledger) -> dict:
     }
 
 
+def gpu_hour_price(job_dir: JobDir) -> float:
+    """The spec's ``cost.gpu_hour`` (spec.yaml as submitted); 0 where it sets none."""
+    spec = yaml.safe_load(job_dir.spec_file.read_text()) if job_dir.spec_file.exists() else None
+    return float(((spec or {}).get("cost") or {}).get("gpu_hour") or 0.0)
+
+
 def goodput_advice(job_dir: JobDir, ledger: Ledger, args) -> dict | None:
     """The Young-Daly checkpoint interval for the job's measured save cost and an MTBF (given,
     or scaled from its size), beside its own ckpt_every, with the ETTR each would give."""

@@ -63,6 +63,16 @@ def parse_time_minutes(text: str) -> int:
 
 
 @dataclass
+class CostSpec:
+    """What the allocation costs: ``cluster logs --goodput`` prices each category of the ledger."""
+
+    gpu_hour: float = 0.0  # money per GPU-hour, in any currency; 0: not priced
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "gpu_hour", minimum=0)
+
+
+@dataclass
 class ContainerSpec:
     # none: bare metal; pyxis: srun --container-image (enroot); apptainer: srun apptainer exec --nv.
     # cluster=docker runs image itself, whatever the runtime (which is for SLURM).
@@ -230,6 +240,7 @@ class JobSpec:
     # the smaller world (train.batch_size is the global batch: the mathematics is unchanged).
     min_nodes: int = 0
     container: ContainerSpec = field(default_factory=ContainerSpec)
+    cost: CostSpec = field(default_factory=CostSpec)
     env: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
     log_dir: str = "runs"

@@ -2,12 +2,23 @@
 checked in test_local_jobs and test_slurm)."""
 
 import json
+import os
 import random
 
 import pytest
 
-from cluster.goodput import Attempt, attempt_of, build, expected_ettr, format_line, mtbf_hours, young_daly_s
+from cluster.goodput import (
+    Attempt,
+    attempt_of,
+    build,
+    expected_ettr,
+    format_line,
+    ledger_of,
+    mtbf_hours,
+    young_daly_s,
+)
 from cluster.goodput_sim import Scenario, parse_scenario, run_once, simulate
+from cluster.jobdir import JobDir
 from tests.conftest import run_module
 from train.errors import ConfigError
 
@@ -22,6 +33,16 @@ def test_an_uninterrupted_job_is_queue_start_up_training_and_its_parts_add_up():
     assert ledger.wall_s == 202 and sum(c.values()) == pytest.approx(ledger.wall_s, rel=0.01)
     assert ledger.ettr == pytest.approx(150 / 192)
     assert format_line(ledger).startswith("goodput 78.1 % of 3m22s: 20 s start-up, 12 s checkpoint")
+
+
+def test_gpu_hours_and_their_price_per_category():
+    a = Attempt(launched=0, ended=3600, first_step=360, last_progress=3600, last_step=3240, step_s=1.0)
+    ledger = build(0, [a])
+    ledger.gpus, ledger.gpu_hour = 16, 2.5
+    out = ledger.to_json()
+    assert out["gpu_hours"]["start-up"] == 1.6 and out["gpu_hours"]["productive"] == 14.4
+    assert out["cost"]["productive"] == 36.0 and sum(out["cost"].values()) == 40.0
+    assert ledger.segments == [(0, 360, "start-up", 0), (360, 3600, "productive", 0)]
 
 
 def test_a_restart_shows_lost_work_detection_and_the_restart_each_as_its_own():
@@ -98,3 +119,28 @@ def test_cluster_goodput_simulate_prints_each_policy_and_the_advised_interval():
     assert "recommended=" in text and "spare" in text
     bad = run_module("cluster", "goodput", "--simulate", "nodez=2")
     assert bad.returncode == 2 and "nodez" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_requeued_jobs_ledger_from_its_files(tmp_path):
+    """No restarts of the kit: SLURM requeued the job at step 120 (checkpoint 100); the batch
+    script wrote train.yaml again at the second launch, which must not date the first."""
+    job = JobDir(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps({"nodes": 2, "tasks_per_node": 2, "gpus_per_task": 1}))
+    (tmp_path / "train.yaml").write_text("train: {ckpt_every: 50}\n")
+    os.utime(tmp_path / "plan.json", (1000, 1000))
+    os.utime(tmp_path / "train.yaml", (1200, 1200))  # the second launch's
+    records = [
+        {"event": "start", "time": 1010}, {"event": "first_step", "step": 1, "time": 1020},
+        {"event": "checkpoint", "step": 100, "seconds": 1.0, "time": 1070},
+        {"event": "step", "step": 120, "step_ms": 500.0, "time": 1082},
+        {"event": "start", "time": 1210}, {"event": "resume", "step": 100, "time": 1215},
+        {"event": "first_step", "step": 101, "time": 1230},
+        {"event": "step", "step": 400, "step_ms": 500.0, "final": True, "time": 1380},
+    ]  # fmt: skip
+    (tmp_path / "rank_00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ledger = ledger_of(job)
+    c, first = ledger.categories, ledger.attempts[0]
+    assert c["queued"] == 10 and first["start-up"] == 10 and "teardown" not in first
+    assert first["lost work"] == 20 * 0.5 and c["restart"] == 1210 - 1082 and ledger.gpus == 4
+    assert sum(c.values()) == pytest.approx(ledger.wall_s) == 380
+    assert ledger.ettr == pytest.approx((100 + 300) * 0.5 / 370)

@@ -108,6 +108,7 @@ def test_a_local_sweep_runs_at_most_n_points_at_once_and_resume_reruns_the_faile
     assert [r["state"] for r in table["points"]] == ["completed", "completed", "failed", "completed"]
     assert table["points"][2]["first_failure"]["rank"] == 1
     assert all(r["metrics"]["test_loss"] > 0 for r in table["points"] if r["state"] == "completed")
+    assert all(0 < r["goodput"] < 1 for r in table["points"] if r["state"] == "completed")  # each point's ledger
     assert table["best"]["point"] in (0, 1, 3)
     running, most = 0, 0  # the runner's account: never more than 2 points unfinished at once
     for line in (SweepJob.attach(sweep_dir).path / "runner.log").read_text().splitlines():
@@ -137,6 +138,10 @@ def test_the_python_api_submits_waits_and_triages_as_the_cli_does(tmp_path):
     assert again.logs()["first_failure"]["rank"] == 1
     cli = run_module("cluster", "logs", str(job.job_dir), "--json")
     assert json.loads(cli.stdout)["first_failure"] == again.logs()["first_failure"]
+    ledger = again.goodput()  # a job that failed at step 10: start-up, a little training, no teardown
+    cli = json.loads(run_module("cluster", "logs", str(job.job_dir), "--json", "--goodput").stdout)["goodput"]
+    assert ledger == cli and ledger["categories"]["start-up"] > 0 and ledger["ettr"] < 1
+    assert again.status()["goodput"]["line"].startswith("goodput ")
     with pytest.raises(cluster.ConfigError, match="parallel.tp"):
         cluster.submit("jobs/local.yaml", log_dir=str(tmp_path / "none"), **{"parallel.tp": 3})
     assert not (tmp_path / "none").exists()

@@ -8,7 +8,7 @@ Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
     rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
     rank_00003.attempt1.log        the same after the first requeue or restart
     rank_00003.jsonl               its JSON records, one object per line
-Records: ``start`` (who and where: env, pid), ``step`` (one per log interval: STEP_FIELDS; the
+Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step`` (one per log interval: STEP_FIELDS; the
 last of a finished built-in run has ``final: true``), ``end`` (a user's program returned:
 ``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
 first optimizer step of an attempt: a user's program's first ``step`` record says the same),
@@ -192,10 +192,24 @@ class RecordWriter:
 
     def write(self, event: str, **fields: Any) -> None:
         record = {"event": event, "rank": self.rank, "time": round(time.time(), 3), **fields}
+        if event == "start":  # start-up counts from the launch, not from after torch's import
+            record["launched"] = process_started()
         self._file.write(json.dumps(record) + "\n")
 
     def close(self) -> None:
         self._file.close()
+
+
+def process_started() -> float | None:
+    """When this process began, in seconds since the epoch (Linux: its start in clock ticks
+    since boot, /proc/self/stat's 22nd field, against CLOCK_BOOTTIME); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # fields from the 3rd, after "(comm)"
+        since = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return round(time.time() - since, 3)
 
 
 def read_records(path: str | Path) -> Iterator[dict]:

@@ -119,3 +119,42 @@ def mark_attempts(ax, attempts: list[dict], rows: dict[int, int], t0: float) -> 
             ax.text(x, 0.99, f" {labels[-1]}", transform=top, rotation=90, va="top", ha="left", color="green",
                     fontsize=7)  # fmt: skip
     return labels
+
+
+# The ledger's categories (cluster.goodput), coloured: progress green, waste warm, waiting grey.
+CATEGORY_COLOURS = {
+    "queued": "#bbbbbb", "start-up": "#f2c14e", "productive": "#3a923a", "checkpoint": "#5b8def",
+    "lost work": "#d62728", "other": "#9e9e9e", "detection": "#ff7f0e", "stalled": "#8c2d04",
+    "restart": "#9467bd", "teardown": "#dddddd",
+}  # fmt: skip
+
+
+def plot_goodput(ledger, title: str, path: str | Path) -> list[str]:
+    """The job's timeline, one row per attempt, coloured by the ledger's categories, and the
+    whole job on a row of its own; returns the categories drawn (``cluster logs --goodput --plot``).
+    A training span is drawn as its pieces in a row (productive, checkpoint, other, then the
+    work lost at its end): the ledger knows their sums, not when each save happened."""
+    import matplotlib  # lazy for start-up time: about 0.3 s, for --plot only
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    attempts = max((seg[3] for seg in ledger.segments), default=0) + 1
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.5 * (attempts + 1)))
+    drawn = []
+    for start, end, category, attempt in ledger.segments:
+        for row in (0, attempt + 1):  # the job, and the attempt's own row
+            ax.broken_barh([(start, end - start)], (row - 0.4, 0.8), color=CATEGORY_COLOURS[category])
+        drawn += [category] if category not in drawn else []
+    ax.set_yticks(range(attempts + 1), ["job", *(f"attempt {i}" for i in range(attempts))])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since submission")
+    ettr = "unknown" if ledger.ettr is None else f"{ledger.ettr * 100:.1f} %"
+    ax.set_title(f"goodput {ettr}: {title}", fontsize=9)
+    ax.legend(handles=[Patch(color=CATEGORY_COLOURS[c], label=c) for c in drawn], loc="center left",
+              bbox_to_anchor=(1.0, 0.5), fontsize=8)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return drawn

@@ -1,5 +1,6 @@
 """``cluster logs <sweep dir>``: one row per point, its overrides, state, steps, final metrics,
-wall time and, for a failed point, its first failing rank; the best point by a metric.
+wall time, goodput (``cluster.goodput``: its effective training time ratio) and, for a failed
+point, its first failing rank; the best point by a metric.
 
 Metrics: the built-in trainer's, from rank 0's step records (the last value of each); a
 program's, the last value of each numeric field that rank 0 printed as ``key=value`` or in a
@@ -12,7 +13,7 @@ import math
 import re
 from pathlib import Path
 
-from cluster import backends
+from cluster import backends, goodput
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
 from cluster.sweep_dir import Sweep
@@ -72,7 +73,7 @@ def result_metrics(job: JobDir) -> dict:
 
 def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive: bool) -> dict:
     row = {"point": index, "overrides": overrides, "state": None, "job_dir": None,
-           "steps": None, "metrics": {}, "wall_s": None, "first_failure": None}  # fmt: skip
+           "steps": None, "metrics": {}, "wall_s": None, "goodput": None, "first_failure": None}  # fmt: skip
     if entry is None:
         row["state"] = "queued" if runner_alive else "not run"
         return row
@@ -91,6 +92,8 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
         row["metrics"].update(result_metrics(job))
     ended_at = max((r.last_time for r in report.ranks if r.last_time), default=None)
     row["wall_s"] = round(ended_at - started, 1) if started and ended_at else None
+    ledger = goodput.ledger_of(job)
+    row["goodput"] = ledger and ledger.to_json()["ettr"]
     if report.world_size and report.completed == report.world_size:
         row["state"] = "completed"
         return row
@@ -129,14 +132,17 @@ def format_sweep(table: dict) -> str:
     head = f"{'point':>5}  {'overrides':<{width}}  {'state':<13} {'steps':>6} " + "".join(
         f"{n[:12]:>13}" for n in names
     )
-    lines = [f"sweep {table['sweep_dir']}: {table['job']} {' '.join(table['fixed'])}".rstrip(), head + f" {'wall':>8}"]
+    lines = [f"sweep {table['sweep_dir']}: {table['job']} {' '.join(table['fixed'])}".rstrip(),
+             head + f" {'wall':>8} {'goodput':>8}"]  # fmt: skip
     for r in rows:
         values = "".join(f"{fmt(r['metrics'].get(n)):>13}" for n in names)
         wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.1f} s"
+        ettr = "-" if r["goodput"] is None else f"{r['goodput'] * 100:.1f} %"
         best = "  <- best" if table["best"] and table["best"]["point"] == r["point"] else ""
         steps = "-" if r["steps"] is None else str(r["steps"])
         lines.append(
-            f"{r['point']:>5}  {' '.join(r['overrides']):<{width}}  {r['state']:<13} {steps:>6} {values} {wall:>8}{best}"
+            f"{r['point']:>5}  {' '.join(r['overrides']):<{width}}  {r['state']:<13} {steps:>6} {values} {wall:>8} "
+            f"{ettr:>8}{best}"
         )
         if r["first_failure"]:
             who = "" if r["first_failure"]["rank"] is None else f"rank {r['first_failure']['rank']}: "
