@@ -215,7 +215,6 @@ def cmd_cancel(args) -> int:
 
 def cmd_logs(args) -> int:
     # LAZY: each command imports what it uses (the module docstring)
-    from cluster import goodput
     from cluster.logs.follow import follow
     from cluster.logs.plot import plot_goodput, plot_step_times
     from cluster.logs.text import tail
@@ -241,8 +240,10 @@ def cmd_logs(args) -> int:
                 sys.stdout.write("".join(tail(path, args.tail)))
         else:
             print_report(report, job_dir, args)
-        if args.plot and args.goodput:
-            ledger = goodput.ledger_of(job_dir)
+        if args.plot and args.goodput:  # LAZY: the ledger only where it is asked for (a 16,384-rank --json)
+            from cluster.goodput import ledger_of
+
+            ledger = ledger_of(job_dir)
             if ledger is None:
                 raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
             plot_goodput(ledger, str(job_dir), args.plot)
@@ -257,11 +258,13 @@ def print_report(report, job_dir: JobDir, args) -> None:
     """The report, as text or JSON; the goodput line under the text, or with --goodput the
     ledger per attempt and the advice (JSON: keys goodput and advice)."""
     # LAZY: each command imports what it uses (the module docstring)
-    from cluster import goodput
     from cluster.logs.text import format_report, report_json
 
-    ledger = goodput.ledger_of(job_dir) if args.goodput or not args.json else None
-    advice = None
+    ledger = advice = None
+    if args.goodput or not args.json:  # LAZY: the ledger only where it is shown (a 16,384-rank --json)
+        from cluster import goodput
+
+        ledger = goodput.ledger_of(job_dir)
     if ledger and args.goodput:  # LAZY: YAML and the simulator only for --goodput
         from cluster.goodput_cli import format_advice, goodput_advice, gpu_hour_price
 
