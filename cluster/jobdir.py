@@ -130,8 +130,9 @@ class JobDir:
         return self.path / PLAN
 
     def plan(self) -> dict | None:
-        """plan.json as submitted (read once: it is written at submission and never after; do
-        not change the dict); None before it is written (or in a copied, partial directory)."""
+        """plan.json as submitted (read once: its content is fixed at submission, a batch script
+        only writes the same again; do not change the dict); None before it is written (or in a
+        copied, partial directory)."""
         if (plan := self.__dict__.get("_plan")) is None and self.plan_file.exists():
             # orjson: 16,384 ranks make a 1.2 MB plan, read on every `cluster logs`
             plan = orjson.loads(self.plan_file.read_bytes())
