@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 from cluster.goodput import mtbf_hours, young_daly_s
+from train.config import apply_overrides, build, require_positive
 from train.errors import ConfigError
 
 POLICIES = ("requeue", "restart", "spare")
@@ -45,7 +46,14 @@ class Scenario:
     spare_nodes: int = 1
     trials: int = 400
     seed: int = 0
-    failures_at: tuple[float, ...] = ()  # a replay: failures at these seconds of running time
+    failures_at: list[float] = field(default_factory=list)  # a replay: failures at these seconds of running time
+
+    def validate(self, prefix: str) -> None:
+        names = [f.name for f in fields(self) if f.name not in ("mtbf_h", "failures_at", "ckpt_every")]
+        require_positive(self, prefix, *names, minimum=0)
+        require_positive(self, prefix, "ckpt_every")
+        if self.step_s <= 0:
+            raise ConfigError("step_s", f"must be > 0, got {self.step_s!r}")
 
     @property
     def mtbf_s(self) -> float:
@@ -53,28 +61,11 @@ class Scenario:
 
 
 def parse_scenario(pairs: list[str], base: Scenario | None = None) -> Scenario:
-    """``key=value`` pairs onto a scenario; bad input names the key (exit 2)."""
-    scenario = base or Scenario()
-    types = {f.name: f.type for f in fields(Scenario)}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or key not in types:
-            raise ConfigError(key, f"is no --simulate key: one of {', '.join(types)}")
-        try:
-            if key == "failures_at":
-                parsed = tuple(float(v) for v in value.split(",") if v)
-            elif key == "mtbf_h":
-                parsed = float(value)
-            else:
-                parsed = type(getattr(Scenario(), key))(value)
-        except ValueError:
-            raise ConfigError(key, f"{value!r} is not a {types[key]}") from None
-        if not isinstance(parsed, tuple) and parsed < 0:
-            raise ConfigError(key, f"{value!r} must not be negative")
-        setattr(scenario, key, parsed)
-    if scenario.ckpt_every < 1 or scenario.step_s <= 0:
-        raise ConfigError("ckpt_every", "ckpt_every must be >= 1 and step_s > 0")
-    return scenario
+    """``key=value`` pairs onto a scenario, as a spec's overrides are read (``train.config``:
+    typed, unknown keys named, exit 2); ``failures_at=s1,s2`` is a list without its brackets."""
+    pairs = [f"failures_at=[{p.partition('=')[2]}]" if p.startswith("failures_at=") and "[" not in p else p
+             for p in pairs]  # fmt: skip
+    return build(Scenario, apply_overrides(asdict(base or Scenario()), pairs))
 
 
 def run_once(s: Scenario, policy: str, ckpt_every: int, rng: random.Random) -> float:

@@ -96,13 +96,13 @@ def test_the_simulator_ranks_the_policies_and_a_replay_is_the_ledger_arithmetic(
     assert at_scale["recommended_ckpt_every"] == round(young_daly_s(30, 1.8 * 3600))
     # One failure at 100 s of running time, nothing random left: the ETTR by hand.
     s = Scenario(work_h=200 / 3600, step_s=1, ckpt_every=50, ckpt_s=2, startup_s=10, detection_s=5, restart_s=3,
-                 node_loss=1, spare_nodes=1, failures_at=(100.0,))  # fmt: skip
+                 node_loss=1, spare_nodes=1, failures_at=[100.0])  # fmt: skip
     # 10 s start-up, 90 s: one interval of 50 + its save, 38 s lost; 5 + 3 s; 10 s start-up; 150 s + 2 saves
     assert run_once(s, "spare", 50, random.Random(0)) == pytest.approx(200 / (100 + 5 + 3 + 10 + 150 + 4))
 
 
 def test_simulate_keys_are_checked_by_name():
-    assert parse_scenario(["nodes=16", "failures_at=10,20"]).failures_at == (10.0, 20.0)
+    assert parse_scenario(["nodes=16", "failures_at=10,20"]).failures_at == [10.0, 20.0]
     with pytest.raises(ConfigError, match="nodez"):
         parse_scenario(["nodez=3"])
     with pytest.raises(ConfigError, match="ckpt_s"):
