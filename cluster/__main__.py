@@ -231,6 +231,13 @@ def cmd_logs(args) -> int:
     with collector_paused():  # the report's objects are freed by reference counting
         report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin,
                          step_times=bool(args.plot))  # fmt: skip
+        ledger = None
+        if args.goodput or not (
+            args.json or args.rank is not None
+        ):  # LAZY: where it is shown (not a 16,384-rank --json)
+            from cluster.goodput import ledger_of
+
+            ledger = ledger_of(job_dir)
         if args.rank is not None:
             files = job_dir.rank_logs(args.rank)
             if not files:
@@ -239,11 +246,8 @@ def cmd_logs(args) -> int:
                 print(f"==> {path} <==")
                 sys.stdout.write("".join(tail(path, args.tail)))
         else:
-            print_report(report, job_dir, args)
-        if args.plot and args.goodput:  # LAZY: the ledger only where it is asked for (a 16,384-rank --json)
-            from cluster.goodput import ledger_of
-
-            ledger = ledger_of(job_dir)
+            print_report(report, ledger, job_dir, args)
+        if args.plot and args.goodput:
             if ledger is None:
                 raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
             plot_goodput(ledger, str(job_dir), args.plot)
@@ -254,17 +258,13 @@ def cmd_logs(args) -> int:
     return 1 if report.failed else 0
 
 
-def print_report(report, job_dir: JobDir, args) -> None:
+def print_report(report, ledger, job_dir: JobDir, args) -> None:
     """The report, as text or JSON; the goodput line under the text, or with --goodput the
     ledger per attempt and the advice (JSON: keys goodput and advice)."""
     # LAZY: each command imports what it uses (the module docstring)
     from cluster.logs.text import format_report, report_json
 
-    ledger = advice = None
-    if args.goodput or not args.json:  # LAZY: the ledger only where it is shown (a 16,384-rank --json)
-        from cluster import goodput
-
-        ledger = goodput.ledger_of(job_dir)
+    advice = None
     if ledger and args.goodput:  # LAZY: YAML and the simulator only for --goodput
         from cluster.goodput_cli import format_advice, goodput_advice, gpu_hour_price
 
@@ -278,10 +278,12 @@ def print_report(report, job_dir: JobDir, args) -> None:
         sys.stdout.buffer.writelines(pieces)
         return
     print(format_report(report))
+    from cluster.goodput import format_line, format_table  # LAZY: the text report's, not --json's
+
     if ledger and args.goodput:
-        print("\n".join(goodput.format_table(ledger) + format_advice(advice)))
+        print("\n".join(format_table(ledger) + format_advice(advice)))
     elif ledger:
-        print(goodput.format_line(ledger))
+        print(format_line(ledger))
 
 
 def sweep_logs(sweep: Sweep, args) -> int:

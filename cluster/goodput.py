@@ -1,6 +1,6 @@
 """Goodput: where a job's time went, from its records (``train.protocol``) and its attempts.
 
-The ledger cuts the job's wall time, from submission (plan.json's write) to its last record,
+The ledger cuts the job's wall time, from submission (spec.yaml's write) to its last record,
 into consecutive pieces, so that they add up to it exactly:
 
     queued      submission (spec.yaml's write) -> the first attempt's launch (the batch script's
@@ -70,6 +70,7 @@ class Ledger:
     # (start, end, category, attempt), seconds since submission, in order: the timeline (--plot)
     segments: list[tuple[float, float, str, int]] = field(default_factory=list)
     gpu_hour: float = 0.0  # the spec's cost.gpu_hour: each category priced where it is set
+    saves_s: list[float] = field(default_factory=list)  # rank 0's saves, each one's seconds (the advice)
 
     @property
     def ettr(self) -> float | None:
@@ -155,9 +156,9 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
 
 def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
     """A job's ledger from its files; None before rank 0 wrote a record."""
-    plan = job_dir.plan() or {}
-    records = job_dir.records(0)
-    if not records or not job_dir.plan_file.exists():
+    plan = job_dir.plan()
+    records = job_dir.records(0) if plan is not None else []
+    if not records:
         return None
     # spec.yaml is written once, at submission (a batch script writes plan.json again at each launch)
     submitted = (job_dir.spec_file if job_dir.spec_file.exists() else job_dir.plan_file).stat().st_mtime
@@ -182,6 +183,7 @@ def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
             a.ended = min(a.ended, attempts[number + 1].launched)
     ledger = build(submitted, attempts, last_record)
     ledger.gpus = gpus if gpus is not None else plan.get("nodes", 1) * gpus_per_node(plan)
+    ledger.saves_s = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
     if not built_in:
         ledger.notes.append(
             "your own program: its resume point is its own, so every step of a restarted attempt counts as kept; "

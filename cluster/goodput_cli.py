@@ -17,8 +17,7 @@ from train.errors import ConfigError
 def measured(job_dir: JobDir, ledger: Ledger) -> dict:
     """The job's phase costs: seconds per save, per step, start-up, detection, restart; its
     ckpt_every (the built-in trainer's train.yaml) and its size."""
-    records = job_dir.records(0)
-    saves = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
+    saves = ledger.saves_s
     rows = ledger.attempts
     steps = [row["step_s"] for row in rows if row.get("step_s")]
     failures = len(rows) - 1  # each attempt but the last ended in one

@@ -8,8 +8,9 @@ Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
     rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
     rank_00003.attempt1.log        the same after the first requeue or restart
     rank_00003.jsonl               its JSON records, one object per line
-Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step`` (one per log interval: STEP_FIELDS; the
-last of a finished built-in run has ``final: true``), ``end`` (a user's program returned:
+Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step``
+(one per log interval: STEP_FIELDS; the last of a finished built-in run has ``final: true``),
+``end`` (a user's program returned:
 ``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
 first optimizer step of an attempt: a user's program's first ``step`` record says the same),
 ``failed`` (the rank's program raised: ``error`` "Type: message" and ``step``, the built-in
