@@ -6,7 +6,8 @@ into consecutive pieces, so that they add up to it exactly:
     queued      submission (spec.yaml's write) -> the first attempt's launch (the batch script's
                 start: it writes train.yaml; an attempt of the kit's restarts: its start in
                 attempts.jsonl; a requeued attempt: rank 0's process start, its start record's
-                ``launched``)
+                ``launched``). A backend without a queue (local, docker) launches at submission:
+                its launcher's own start is start-up
     start-up    an attempt's launch -> rank 0's first optimizer step
     productive  the steps kept in the final result, at the attempt's median step time
     checkpoint  the time rank 0 spent saving (checkpoint records: the built-in trainer writes
@@ -33,6 +34,7 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
+from cluster import backends
 from cluster.attempt_history import history
 from cluster.jobdir import TRAIN_CONFIG, JobDir
 
@@ -166,11 +168,13 @@ def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
     kit_attempts = history(job_dir)
     starts = {r["attempt"]: r["time"] for r in kit_attempts if r["event"] == "start"}
     ends = {r["attempt"]: r for r in kit_attempts if r["event"] == "end"}
+    backend = backends.of(job_dir)
+    queue = backend is None or backend.scheduler  # without one, the launcher starts at submission
     launched0 = job_dir.file(TRAIN_CONFIG)
     first_launch = os.stat(launched0).st_mtime if os.path.exists(launched0) else None
     attempts = []
     for number, mine in enumerate(split_attempts(records)):
-        launched = starts.get(number)
+        launched = starts.get(number) if number or queue else submitted
         if launched is None:  # no restarts: the batch script's start for the first, else the rank's process
             # (train.yaml is written again at each launch: it dates the first only if it precedes its records)
             early = first_launch is not None and submitted <= first_launch <= mine[0]["time"]

@@ -24,6 +24,7 @@ def test_local_job_completes_with_a_log_per_rank(tmp_path):
     ledger = report["goodput"]  # where its time went: the parts add up to the wall time
     assert sum(ledger["categories"].values()) == pytest.approx(ledger["wall_s"], rel=0.01)
     assert 0 < ledger["ettr"] < 1 and ledger["categories"]["start-up"] > 0 and len(ledger["attempts"]) == 1
+    assert ledger["categories"]["queued"] == 0  # no scheduler: the launcher starts at submission
     assert run_module("cluster", "logs", str(job_dir)).stdout.splitlines()[-1].startswith("goodput ")
 
 
