@@ -5,9 +5,11 @@
   In the allocation (``restarts=1 spare_nodes=1``: the ranks of the second node are killed
   and the kit starts a new step on the spare) against a requeue (``requeue=true``:
   ``scontrol requeue`` at the same step; the job waits for the scheduler to start it again).
-- **Start-up**: a restart pays the job's start-up again. From submission to the first
-  training step of the kit, against a minimal probe on the same nodes: an sbatch script whose
-  srun'd ranks import torch, ``init_process_group`` and do one all_reduce.
+- **Start-up**: a restart pays the job's start-up again. From submission to every rank's
+  first training step, the built-in trainer and a user's torchrun script through the shim
+  (``jobs/cnn.yaml``), against a minimal probe on the same nodes: an sbatch script whose srun'd
+  ranks import torch, ``init_process_group`` and do one all_reduce; and the same probe that
+  also builds one torch optimizer (what any training program pays: see OPTIMIZER).
 - **Goodput**: the ledger (``cluster logs --goodput``) of the same job uninterrupted, with its
   second node lost and restarted on the spare, requeued at the same step instead, and hung
   (a rank of the second node stops; the stall watchdog ends the attempt, the spare replaces
@@ -63,9 +65,9 @@ def say(msg: str) -> None:
     print(f"[restart bench] {msg}", file=sys.stderr, flush=True)
 
 
-def submit(log_dir: Path, *overrides: str) -> Path:
+def submit(log_dir: Path, *overrides: str, spec: str = "jobs/multi_node.yaml") -> Path:
     out = subprocess.run(
-        [sys.executable, "-m", "cluster", "submit", "jobs/multi_node.yaml", f"log_dir={log_dir}", "--json", *overrides],
+        [sys.executable, "-m", "cluster", "submit", spec, f"log_dir={log_dir}", "--json", *overrides],
         capture_output=True, text=True, cwd=ROOT, check=True,
     )  # fmt: skip
     return Path(json.loads(out.stdout.splitlines()[-1])["log_dir"])
@@ -151,17 +153,59 @@ def probe(tmp: Path, extra: str = "") -> float:
     script.write_text(PROBE.format(out=tmp, python=sys.executable, extra=extra))
     start = time.time()
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
-    log = tmp / f"slurm-{job_id.stdout.strip().split(';')[0]}.log"
+    job_id = job_id.stdout.strip().split(";")[0]
+    log = tmp / f"slurm-{job_id}.log"
     line = lambda: (
         next((x for x in log.read_text().splitlines() if "first all_reduce" in x), None) if log.exists() else None
     )  # noqa: E731
-    return float(wait_until(line, 300, "the probe's all_reduce", 0.05).split()[-1]) - start
+    try:
+        return float(wait_until(line, 300, "the probe's all_reduce", 0.05).split()[-1]) - start
+    finally:
+        wait_until(lambda: ended(job_id), 300, "the probe to end")
 
 
-def kit_start(tmp: Path) -> float:
+def nodes_idle() -> bool:
+    """No node still runs or completes a job: the next contender starts on a quiet cluster (a
+    job's tail or its nodes' clean-up would otherwise fall on whichever contender comes next)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True)
+    return out.returncode == 0 and set(out.stdout.split()) == {"idle"}
+
+
+def first_steps(job_dir: Path, world_size: int) -> list[float] | None:
+    """Every rank's first step (its record's time), once all have one."""
+    firsts = [records(job_dir, rank, "first_step") for rank in range(world_size)]
+    return [f[0]["time"] for f in firsts] if all(firsts) else None
+
+
+def kit_start(tmp: Path, spec: str = "jobs/multi_node.yaml", *overrides: str) -> tuple[float, Path]:
+    """Submission -> every rank's first training step (4 ranks: 2 nodes x 2 tasks)."""
     start = time.time()
-    job_dir = submit(tmp, *FIT, "train.steps=2", "train.log_every=1")
-    return wait_until(lambda: records(job_dir, 0, "first_step"), 300, "the kit's first step", 0.05)[0]["time"] - start
+    job_dir = submit(tmp, *FIT, *overrides, spec=spec)
+    try:
+        firsts = wait_until(lambda: first_steps(job_dir, 4), 300, "every rank's first step", 0.05)
+    finally:
+        wait_until(lambda: ended(job_dir.name), 300, "the job to end")
+    return max(firsts) - start, job_dir
+
+
+def startup_phases(job_dir: Path) -> dict[str, float]:
+    """Where a start-up went, in seconds: submission -> the batch script's start (it writes
+    plan.json) -> the last rank's process start (its start record's ``launched``) -> the last
+    rank's start record (the shim writes it before the program runs; the built-in trainer once
+    its model and optimizer are built) -> the last rank's first step."""
+    job = JobDir(job_dir)
+    starts = [records(job_dir, rank, "start")[0] for rank in range(4)]
+    marks = [job.spec_file.stat().st_mtime, job.plan_file.stat().st_mtime,
+             max(s["launched"] for s in starts), max(s["time"] for s in starts), max(first_steps(job_dir, 4))]  # fmt: skip
+    return dict(zip(STARTUP_PHASES, (b - a for a, b in zip(marks, marks[1:]))))
+
+
+STARTUP_PHASES = ("queued", "srun", "to the start record", "to the first step")
+
+
+def user_start(tmp: Path) -> float:
+    """The same through the shim: jobs/train_cnn.py, a torchrun script (2 steps)."""
+    return kit_start(tmp, "jobs/cnn.yaml", f'program.args=[--steps,"2",--ckpt,{tmp}/cnn.pt]')
 
 
 # The goodput table's runs: (its row, the figure the contender reports)
@@ -169,17 +213,21 @@ GOODPUT_RUNS = {"uninterrupted": "uninterrupted_ettr", "a node lost, restarted o
                 "requeued instead (no restarts)": "requeue_s", "a hang, ended by the watchdog": "hang_ettr"}  # fmt: skip
 
 
-def measure(rounds: int, plot: Path | None = None) -> dict:
-    """Medians of ``rounds`` interleaved runs of each contender; the last round's ledgers."""
-    contenders = {
-        "in_allocation_s": in_allocation,
-        "requeue_s": requeued,
-        "uninterrupted_ettr": uninterrupted,
-        "hang_ettr": hung,
-        "probe_s": probe,
-        "probe_optimizer_s": lambda tmp: probe(tmp, OPTIMIZER),
-        "kit_s": kit_start,
-    }
+# What a restart costs and where the job's time goes: (figure, job directory) each
+RESTART_RUNS = {"in_allocation_s": in_allocation, "requeue_s": requeued, "uninterrupted_ettr": uninterrupted,
+                "hang_ettr": hung}  # fmt: skip
+STARTUP_RUNS = {
+    "probe_s": probe,
+    "probe_optimizer_s": lambda tmp: probe(tmp, OPTIMIZER),
+    "kit_s": lambda tmp: kit_start(tmp, "jobs/multi_node.yaml", "train.steps=2", "train.log_every=1"),
+    "user_s": user_start,
+}
+
+
+def measure(rounds: int, plot: Path | None = None, startup_only: bool = False) -> dict:
+    """Medians of ``rounds`` interleaved runs of each contender; the last round's ledgers and
+    start-up phases."""
+    contenders = STARTUP_RUNS if startup_only else {**RESTART_RUNS, **STARTUP_RUNS}
     seen: dict[str, list[float]] = {k: [] for k in contenders}
     jobs: dict[str, Path] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,40 +235,57 @@ def measure(rounds: int, plot: Path | None = None) -> dict:
             for name, run in contenders.items():
                 where = Path(tmp) / f"{name}{i}"
                 where.mkdir()
+                wait_until(nodes_idle, 120, "the minicluster's nodes to be idle", 0.1)
                 figure = run(where)
                 if isinstance(figure, tuple):
                     figure, jobs[name] = figure
                 seen[name].append(figure)
                 say(f"round {i + 1}/{rounds}: {name} {seen[name][-1]:.2f}")
-        ledgers = {row: ledger(jobs[name]) for row, name in GOODPUT_RUNS.items()}
-        if plot:
+        ledgers = {} if startup_only else {row: ledger(jobs[name]) for row, name in GOODPUT_RUNS.items()}
+        phases = {name: startup_phases(jobs[name]) for name in ("kit_s", "user_s")}
+        if plot and not startup_only:
             subprocess.run([sys.executable, "-m", "cluster", "logs", str(jobs["in_allocation_s"]), "--goodput",
                             "--plot", str(plot)], capture_output=True, check=False)  # fmt: skip
     result = {k: statistics.median(v) for k, v in seen.items()}
-    ratios = {"kit_vs_probe": result["kit_s"] / result["probe_s"],
-              "kit_vs_probe_optimizer": result["kit_s"] / result["probe_optimizer_s"]}  # fmt: skip
-    return {**result, **ratios, "all": seen, "rounds": rounds, "goodput": ledgers}
+    ratios = {f"{kit}_vs_{base}": result[f"{kit}_s"] / result[f"{base}_s"]
+              for kit in ("kit", "user") for base in ("probe", "probe_optimizer")}  # fmt: skip
+    return {**result, **ratios, "all": seen, "rounds": rounds, "goodput": ledgers, "phases": phases}
 
 
 def markdown(r: dict) -> list[str]:
+    """The docs' lines; a start-up-only run (``--startup``) has no recovery or goodput runs."""
     every = lambda k: ", ".join(f"{v:.1f}" for v in r["all"][k])  # noqa: E731
+    startup = [
+        f"- Start-up, which a restart pays again: submission to every rank's first training step (median of"
+        f" {r['rounds']}), the built-in trainer {r['kit_s']:.1f} s ({every('kit_s')}) and a torchrun script through"
+        f" the shim (`jobs/cnn.yaml`) {r['user_s']:.1f} s ({every('user_s')}), vs a minimal probe (srun,"
+        f" `init_process_group`, one all_reduce) {r['probe_s']:.1f} s ({every('probe_s')}): **ratios"
+        f" {r['kit_vs_probe']:.2f} and {r['user_vs_probe']:.2f}** (goal <= 1.5). The same probe that also builds one"
+        f" torch optimizer, as every training program does (its first one imports torch._dynamo, about 1 s of CPU"
+        f" per rank): {r['probe_optimizer_s']:.1f} s ({every('probe_optimizer_s')}): **ratios"
+        f" {r['kit_vs_probe_optimizer']:.2f} and {r['user_vs_probe_optimizer']:.2f}**.",
+        "- Where the start-up went (the last round, seconds; phases in `startup_phases`):"
+        f" {'; '.join(phase_line(name, r['phases'][name]) for name in ('kit_s', 'user_s'))}.",
+    ]
+    if not r["goodput"]:
+        return startup
     return [
         f"- Recovery, from the failure to the next attempt's first step (2 nodes x 2 ranks, median of {r['rounds']}):",
         f"  in the allocation (`restarts=1 spare_nodes=1`, the second node's ranks killed) **{r['in_allocation_s']:.1f} s**"
         f" ({every('in_allocation_s')}; goal <= 60 s); a requeue (`scontrol requeue` at the same step) **{r['requeue_s']:.1f} s**"
         f" ({every('requeue_s')}).",
-        f"- Start-up, which a restart pays again: submission to the kit's first training step {r['kit_s']:.1f} s"
-        f" ({every('kit_s')}) vs a minimal probe (srun, `init_process_group`, one all_reduce) {r['probe_s']:.1f} s"
-        f" ({every('probe_s')}): **ratio {r['kit_vs_probe']:.2f}** (goal <= 1.5). The same probe that also builds"
-        f" one torch optimizer, as every training program does (its first one imports torch._dynamo, about 1 s of"
-        f" CPU per rank): {r['probe_optimizer_s']:.1f} s ({every('probe_optimizer_s')}), **ratio"
-        f" {r['kit_vs_probe_optimizer']:.2f}**.",
+        *startup,
         "",
         "Goodput (`cluster logs --goodput`, the last round): 2 nodes x 2 ranks, 400 steps, `ckpt_every=50`, the failure"
         " at step 60; seconds per category and the effective training time ratio.",
         "",
         *goodput_table(r["goodput"]),
     ]
+
+
+def phase_line(name: str, phases: dict[str, float]) -> str:
+    who = {"kit_s": "built-in trainer", "user_s": "your script"}[name]
+    return f"{who}: " + ", ".join(f"{phase} {seconds:.1f}" for phase, seconds in phases.items())
 
 
 def goodput_table(ledgers: dict[str, dict]) -> list[str]:
@@ -237,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, help="draw the node-loss run's goodput timeline to this PNG")
+    parser.add_argument("--startup", action="store_true", help="the start-up contenders only (about a minute a round)")
     args = parser.parse_args(argv)
     if not minicluster.is_up():
         print("error: the SLURM minicluster is not up (make minicluster)", file=sys.stderr)
         return 2
-    result = measure(args.rounds, args.plot)
+    result = measure(args.rounds, args.plot, args.startup)
     print(json.dumps(result, indent=1) if args.json else "\n".join(markdown(result)))
     return 0
 

@@ -4,10 +4,11 @@ The ledger cuts the job's wall time, from submission (spec.yaml's write) to its 
 into consecutive pieces, so that they add up to it exactly:
 
     queued      submission (spec.yaml's write) -> the first attempt's launch (the batch script's
-                start: it writes train.yaml; an attempt of the kit's restarts: its start in
-                attempts.jsonl; a requeued attempt: rank 0's process start, its start record's
-                ``launched``). A backend without a queue (local, docker) launches at submission:
-                its launcher's own start is start-up
+                start: it writes the backend's ``launch_marker``, SLURM's plan.json; an attempt
+                of the kit's restarts: its start in attempts.jsonl; a requeued attempt, or no
+                marker: rank 0's process start, its start record's ``launched``). A backend
+                without a queue (local, docker) launches at submission: its launcher's own
+                start is start-up
     start-up    an attempt's launch -> rank 0's first optimizer step
     productive  the steps kept in the final result, at the attempt's median step time
     checkpoint  the time rank 0 spent saving (checkpoint records: the built-in trainer writes
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field
 
 from cluster import backends
 from cluster.attempt_history import history
-from cluster.jobdir import TRAIN_CONFIG, JobDir
+from cluster.jobdir import JobDir
 
 CATEGORIES = ("queued", "start-up", "productive", "checkpoint", "lost work", "other", "detection", "stalled",
               "restart", "teardown")  # fmt: skip
@@ -170,13 +171,13 @@ def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
     ends = {r["attempt"]: r for r in kit_attempts if r["event"] == "end"}
     backend = backends.of(job_dir)
     queue = backend is None or backend.scheduler  # without one, the launcher starts at submission
-    launched0 = job_dir.file(TRAIN_CONFIG)
-    first_launch = os.stat(launched0).st_mtime if os.path.exists(launched0) else None
+    marker = job_dir.file(backend.launch_marker) if backend and backend.launch_marker else None
+    first_launch = os.stat(marker).st_mtime if marker and os.path.exists(marker) else None
     attempts = []
     for number, mine in enumerate(split_attempts(records)):
         launched = starts.get(number) if number or queue else submitted
         if launched is None:  # no restarts: the batch script's start for the first, else the rank's process
-            # (train.yaml is written again at each launch: it dates the first only if it precedes its records)
+            # (the marker is written again at each launch: it dates the first only if it precedes its records)
             early = first_launch is not None and submitted <= first_launch <= mine[0]["time"]
             launched = first_launch if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
         attempts.append(attempt_of(mine, launched, ends.get(number), built_in))

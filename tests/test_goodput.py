@@ -123,12 +123,14 @@ def test_cluster_goodput_simulate_prints_each_policy_and_the_advised_interval():
 
 def test_a_requeued_jobs_ledger_from_its_files(tmp_path):
     """No restarts of the kit: SLURM requeued the job at step 120 (checkpoint 100); the batch
-    script wrote train.yaml again at the second launch, which must not date the first."""
+    script wrote plan.json again at the second launch, which must not date the first."""
     job = JobDir(tmp_path)
-    (tmp_path / "plan.json").write_text(json.dumps({"nodes": 2, "tasks_per_node": 2, "gpus_per_task": 1}))
+    plan = {"cluster": "slurm", "nodes": 2, "tasks_per_node": 2, "gpus_per_task": 1}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "spec.yaml").write_text("name: x\n")
     (tmp_path / "train.yaml").write_text("train: {ckpt_every: 50}\n")
-    os.utime(tmp_path / "plan.json", (1000, 1000))
-    os.utime(tmp_path / "train.yaml", (1200, 1200))  # the second launch's
+    os.utime(tmp_path / "spec.yaml", (1000, 1000))  # the submission
+    os.utime(tmp_path / "plan.json", (1200, 1200))  # the second launch's
     records = [
         {"event": "start", "time": 1010}, {"event": "first_step", "step": 1, "time": 1020},
         {"event": "checkpoint", "step": 100, "seconds": 1.0, "time": 1070},

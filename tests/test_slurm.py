@@ -413,6 +413,11 @@ RESUMABLE = [*FIT, "gpus_per_node=2", "requeue=true", "train.steps=1200", "train
 ETTR: dict[str, float] = {}
 
 
+def batch_start(job_dir) -> float:
+    """Seconds from submission (spec.yaml) to the batch script's start (it writes plan.json)."""
+    return (job_dir / "plan.json").stat().st_mtime - (job_dir / "spec.yaml").stat().st_mtime
+
+
 def ledger_of(job_dir) -> dict:
     """The job's goodput ledger; its parts add up to its wall time."""
     _, report = logs_json(job_dir, "--goodput")
@@ -426,7 +431,9 @@ def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("straight")
     result, info = submit("jobs/multi_node.yaml", tmp, *RESUMABLE)
     assert result.returncode == 0, result.stderr
-    ETTR["uninterrupted"] = ledger_of(tmp / "multi-node" / info["job_id"])["ettr"]
+    ledger = ledger_of(tmp / "multi-node" / info["job_id"])
+    ETTR["uninterrupted"] = ledger["ettr"]
+    assert ledger["categories"]["queued"] == pytest.approx(batch_start(tmp / "multi-node" / info["job_id"]), abs=0.01)
     return final_params(tmp / "multi-node" / info["job_id"] / "checkpoints" / "step_0001200")
 
 
@@ -615,6 +622,10 @@ def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_chec
     assert [node for node, _ in first["excluded"]] == ["n2"] and first["recovery_s"] > 0
     resumed = (job_dir / "rank_00000.attempt1.log").read_text()
     assert f"resumed from {ckpt} at step" in resumed, resumed[-2000:]
+    ledger = ledger_of(job_dir)  # a program of one's own gets a ledger; it reports no checkpoint time
+    assert len(ledger["attempts"]) == 2 and ledger["categories"]["restart"] > 0 and 0 < ledger["ettr"] < 1
+    assert not ledger["checkpoint_known"] and any("checkpoint time unknown" in n for n in ledger["notes"])
+    assert ledger["categories"]["queued"] >= batch_start(job_dir) - 0.01  # until the kit's attempt 0 started
 
 
 NEVER_STARTS_ON_N2 = """

@@ -91,6 +91,9 @@ class Backend:
     # its job (its directory's name); None where the backend has no arrays (a sweep's runner
     # submits the points one by one).
     array_task_id: ClassVar[str | None] = None
+    # A job file the batch script writes again at each launch: its write dates the launch (where
+    # the goodput ledger's "queued" ends); None: the ranks' process starts date it.
+    launch_marker: ClassVar[str | None] = None
 
     def check(self, spec: JobSpec) -> None:
         """Refuse (ConfigError naming the key) what this backend cannot run; called by the spec's validation."""

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from cluster.backends.base import Backend, Say, State, Submission
-from cluster.jobdir import ARRAY_TASK_SCRIPT, JobDir
+from cluster.jobdir import ARRAY_TASK_SCRIPT, PLAN, JobDir
 from cluster.poll import WaitTimeout, wait_until
 from cluster.processes import native_stack
 from cluster.stacks import compress
@@ -81,6 +81,7 @@ class SlurmBackend(Backend):
     requeues = True
     scheduler = True
     array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
+    launch_marker = PLAN  # the kit's batch script writes the rank plan at its start (cluster.render)
 
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:
         # One array asks for one allocation per task: every point must ask for the same.

@@ -91,6 +91,7 @@ class SubmititBackend(SlurmBackend):
     name = "submitit"
     restarts = False  # submitit's script has one srun: no attempts loop (requeue works)
     shim_opens_rank_logs = True  # submitit's srun names its own per-task logs
+    launch_marker = None  # submitit's batch script writes none of the kit's files
     array_task_id = None  # a function's sweep submits its points one by one (cluster.sweeps.launch)
 
     def check(self, spec) -> None:
