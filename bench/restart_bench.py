@@ -48,6 +48,7 @@ PROBE = """#!/bin/bash
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export OMP_NUM_THREADS=1
+echo "batch start at $(date +%s.%N)"
 srun {python} -c '
 import os, time
 import torch, torch.distributed as dist
@@ -148,7 +149,7 @@ def ledger(job_dir: Path) -> dict:
 OPTIMIZER = "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
 
 
-def probe(tmp: Path, extra: str = "") -> float:
+def probe(tmp: Path, extra: str = "") -> tuple[float, Path]:
     script = tmp / "probe.sbatch"
     script.write_text(PROBE.format(out=tmp, python=sys.executable, extra=extra))
     start = time.time()
@@ -159,9 +160,19 @@ def probe(tmp: Path, extra: str = "") -> float:
         next((x for x in log.read_text().splitlines() if "first all_reduce" in x), None) if log.exists() else None
     )  # noqa: E731
     try:
-        return float(wait_until(line, 300, "the probe's all_reduce", 0.05).split()[-1]) - start
+        return float(wait_until(line, 300, "the probe's all_reduce", 0.05).split()[-1]) - start, log
     finally:
         wait_until(lambda: ended(job_id), 300, "the probe to end")
+
+
+def from_launch(run: Path) -> float:
+    """The batch script's start -> every rank's first step (a kit's job directory) or the
+    probe's all_reduce (its log): the start-up without the scheduler's queue, which neither
+    controls (0-3 s on the minicluster, at random: slurmctld's scheduling passes)."""
+    if run.is_file():
+        at = {x.split(" at ")[0]: float(x.split()[-1]) for x in run.read_text().splitlines() if " at " in x}
+        return at["first all_reduce"] - at["batch start"]
+    return max(first_steps(run, 4)) - JobDir(run).plan_file.stat().st_mtime
 
 
 def nodes_idle() -> bool:
@@ -229,7 +240,8 @@ def measure(rounds: int, plot: Path | None = None, startup_only: bool = False) -
     start-up phases."""
     contenders = STARTUP_RUNS if startup_only else {**RESTART_RUNS, **STARTUP_RUNS}
     seen: dict[str, list[float]] = {k: [] for k in contenders}
-    jobs: dict[str, Path] = {}
+    jobs: dict[str, Path] = {}  # the last round's
+    launched = {k: [] for k in STARTUP_RUNS}  # the start-ups from the batch script's start
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for name, run in contenders.items():
@@ -240,15 +252,18 @@ def measure(rounds: int, plot: Path | None = None, startup_only: bool = False) -
                 if isinstance(figure, tuple):
                     figure, jobs[name] = figure
                 seen[name].append(figure)
+                if name in launched:
+                    launched[name].append(from_launch(jobs[name]))
                 say(f"round {i + 1}/{rounds}: {name} {seen[name][-1]:.2f}")
         ledgers = {} if startup_only else {row: ledger(jobs[name]) for row, name in GOODPUT_RUNS.items()}
         phases = {name: startup_phases(jobs[name]) for name in ("kit_s", "user_s")}
         if plot and not startup_only:
             subprocess.run([sys.executable, "-m", "cluster", "logs", str(jobs["in_allocation_s"]), "--goodput",
                             "--plot", str(plot)], capture_output=True, check=False)  # fmt: skip
+    seen |= {f"{k}_from_launch": v for k, v in launched.items()}
     result = {k: statistics.median(v) for k, v in seen.items()}
-    ratios = {f"{kit}_vs_{base}": result[f"{kit}_s"] / result[f"{base}_s"]
-              for kit in ("kit", "user") for base in ("probe", "probe_optimizer")}  # fmt: skip
+    ratios = {f"{kit}{since}_vs_{base}": result[f"{kit}_s{since}"] / result[f"{base}_s{since}"]
+              for kit in ("kit", "user") for base in ("probe", "probe_optimizer") for since in ("", "_from_launch")}  # fmt: skip
     return {**result, **ratios, "all": seen, "rounds": rounds, "goodput": ledgers, "phases": phases}
 
 
@@ -264,6 +279,13 @@ def markdown(r: dict) -> list[str]:
         f" torch optimizer, as every training program does (its first one imports torch._dynamo, about 1 s of CPU"
         f" per rank): {r['probe_optimizer_s']:.1f} s ({every('probe_optimizer_s')}): **ratios"
         f" {r['kit_vs_probe_optimizer']:.2f} and {r['user_vs_probe_optimizer']:.2f}**.",
+        f"- The same from the batch script's start (SLURM's queue left out: 0-3 s here at random, for the probe as"
+        f" for the kit): built-in trainer {r['kit_s_from_launch']:.1f} s ({every('kit_s_from_launch')}), your script"
+        f" {r['user_s_from_launch']:.1f} s ({every('user_s_from_launch')}), probe {r['probe_s_from_launch']:.1f} s"
+        f" ({every('probe_s_from_launch')}), probe with an optimizer {r['probe_optimizer_s_from_launch']:.1f} s"
+        f" ({every('probe_optimizer_s_from_launch')}): **ratios to the probe {r['kit_from_launch_vs_probe']:.2f} and"
+        f" {r['user_from_launch_vs_probe']:.2f}; to the probe with an optimizer"
+        f" {r['kit_from_launch_vs_probe_optimizer']:.2f} and {r['user_from_launch_vs_probe_optimizer']:.2f}**.",
         "- Where the start-up went (the last round, seconds; phases in `startup_phases`):"
         f" {'; '.join(phase_line(name, r['phases'][name]) for name in ('kit_s', 'user_s'))}.",
     ]

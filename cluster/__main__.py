@@ -235,7 +235,7 @@ def cmd_logs(args) -> int:
         if args.goodput or not (
             args.json or args.rank is not None
         ):  # LAZY: where it is shown (not a 16,384-rank --json)
-            from cluster.goodput import ledger_of
+            from cluster.goodput import group_ledgers, ledger_of
 
             ledger = ledger_of(job_dir)
         if args.rank is not None:
@@ -250,7 +250,7 @@ def cmd_logs(args) -> int:
         if args.plot and args.goodput:
             if ledger is None:
                 raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
-            plot_goodput(ledger, str(job_dir), args.plot)
+            plot_goodput(ledger, str(job_dir), args.plot, group_ledgers(job_dir))
             print(f"wrote {args.plot}", file=sys.stderr)
         elif args.plot:
             plot_step_times(report, args.plot)

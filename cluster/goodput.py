@@ -157,10 +157,15 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
     return Ledger(clock - submitted, spent, rows, checkpoint_known=checkpoint_known, segments=segments)
 
 
-def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
-    """A job's ledger from its files; None before rank 0 wrote a record."""
+def ledger_of(
+    job_dir: JobDir, gpus: int | None = None, rank: int = 0, records: list[dict] | None = None
+) -> Ledger | None:
+    """A job's ledger from its files, as ``rank`` saw it (rank 0: the job's); None before that
+    rank wrote a record. ``records``: that rank's, where the caller has read them already."""
     plan = job_dir.plan()
-    records = job_dir.records(0) if plan is not None else []
+    if plan is None:
+        return None
+    records = job_dir.records(rank) if records is None else records
     if not records:
         return None
     # spec.yaml is written once, at submission (a batch script writes plan.json again at each launch)
@@ -199,6 +204,20 @@ def ledger_of(job_dir: JobDir, gpus: int | None = None) -> Ledger | None:
             )  # fmt: skip
         )
     return ledger
+
+
+def group_ledgers(job_dir: JobDir, limit: int = 8) -> list[tuple[str, Ledger]]:
+    """The timeline of each group of ranks (a node's, by the plan), as its first rank saw it:
+    (``ranks 2-3``, its ledger) for the first ``limit`` groups that wrote records."""
+    plan = job_dir.plan() or {}
+    groups: dict[int, list[int]] = {}
+    for r in plan.get("ranks", []):
+        groups.setdefault(r["node"], []).append(r["rank"])
+    out = []
+    for ranks in list(groups.values())[:limit]:
+        if (ledger := ledger_of(job_dir, rank=ranks[0])) is not None:
+            out.append((f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}", ledger))
+    return out
 
 
 def gpus_per_node(plan: dict) -> int:

@@ -13,6 +13,7 @@ from cluster.goodput import (
     build,
     expected_ettr,
     format_line,
+    group_ledgers,
     ledger_of,
     mtbf_hours,
     young_daly_s,
@@ -121,11 +122,12 @@ def test_cluster_goodput_simulate_prints_each_policy_and_the_advised_interval():
     assert bad.returncode == 2 and "nodez" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_a_requeued_jobs_ledger_from_its_files(tmp_path):
+def requeued_job(tmp_path) -> JobDir:
     """No restarts of the kit: SLURM requeued the job at step 120 (checkpoint 100); the batch
     script wrote plan.json again at the second launch, which must not date the first."""
     job = JobDir(tmp_path)
-    plan = {"cluster": "slurm", "nodes": 2, "tasks_per_node": 2, "gpus_per_task": 1}
+    ranks = [{"rank": r, "node": r // 2} for r in range(4)]
+    plan = {"cluster": "slurm", "nodes": 2, "tasks_per_node": 2, "gpus_per_task": 1, "ranks": ranks}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     (tmp_path / "spec.yaml").write_text("name: x\n")
     (tmp_path / "train.yaml").write_text("train: {ckpt_every: 50}\n")
@@ -140,9 +142,30 @@ def test_a_requeued_jobs_ledger_from_its_files(tmp_path):
         {"event": "step", "step": 400, "step_ms": 500.0, "final": True, "time": 1380},
     ]  # fmt: skip
     (tmp_path / "rank_00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    ledger = ledger_of(job)
+    return job
+
+
+def test_a_requeued_jobs_ledger_from_its_files(tmp_path):
+    ledger = ledger_of(requeued_job(tmp_path))
     c, first = ledger.categories, ledger.attempts[0]
     assert c["queued"] == 10 and first["start-up"] == 10 and "teardown" not in first
     assert first["lost work"] == 20 * 0.5 and c["restart"] == 1210 - 1082 and ledger.gpus == 4
     assert sum(c.values()) == pytest.approx(ledger.wall_s) == 380
     assert ledger.ettr == pytest.approx((100 + 300) * 0.5 / 370)
+
+
+def test_the_timeline_has_a_row_per_attempt_and_group_of_ranks(tmp_path):
+    """The second node's ranks (2-3) got their first step 5 s later: their group's row shows a
+    longer start-up than rank 0's; groups without records are left out."""
+    from cluster.logs.plot import plot_goodput
+
+    job = requeued_job(tmp_path)
+    late = [{**r, "time": r["time"] + 5} if r["event"] == "first_step" else r
+            for r in map(json.loads, (tmp_path / "rank_00000.jsonl").read_text().splitlines())]  # fmt: skip
+    (tmp_path / "rank_00002.jsonl").write_text("".join(json.dumps(r) + "\n" for r in late))
+    groups = group_ledgers(job)
+    assert [label for label, _ in groups] == ["ranks 0-1", "ranks 2-3"]
+    assert groups[1][1].attempts[0]["start-up"] == groups[0][1].attempts[0]["start-up"] + 5
+    drawn = plot_goodput(ledger_of(job), "a requeued job", tmp_path / "timeline.png", groups)
+    assert {"queued", "start-up", "productive", "lost work", "restart"} <= set(drawn)
+    assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"

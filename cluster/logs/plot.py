@@ -129,25 +129,37 @@ CATEGORY_COLOURS = {
 }  # fmt: skip
 
 
-def plot_goodput(ledger, title: str, path: str | Path) -> list[str]:
-    """The job's timeline, one row per attempt, coloured by the ledger's categories, and the
-    whole job on a row of its own; returns the categories drawn (``cluster logs --goodput --plot``).
-    A training span is drawn as its pieces in a row (productive, checkpoint, other, then the
-    work lost at its end): the ledger knows their sums, not when each save happened."""
+def plot_goodput(ledger, title: str, path: str | Path, groups: list[tuple[str, object]] = ()) -> list[str]:
+    """The job's timeline coloured by the ledger's categories: the whole job on a row of its
+    own, then a row per attempt and group of ranks (``groups``: (label, that group's ledger),
+    ``goodput.group_ledgers``; without them, rank 0's attempts); returns the categories drawn
+    (``cluster logs --goodput --plot``). A training span is drawn as its pieces in a row
+    (productive, checkpoint, other, then the work lost at its end): the ledger knows their
+    sums, not when each save happened."""
     import matplotlib  # lazy for start-up time: about 0.3 s, for --plot only
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    attempts = max((seg[3] for seg in ledger.segments), default=0) + 1
-    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.5 * (attempts + 1)))
+    groups = list(groups) or [("", ledger)]
+    attempts = max((seg[3] for _, g in groups for seg in g.segments), default=0) + 1
+    labels = ["job"] + [
+        f"attempt {a}" + (f", {label}" if label else "") for a in range(attempts) for label, _ in groups
+    ]
+    fig, ax = plt.subplots(figsize=(11, 1.6 + 0.4 * len(labels)))
     drawn = []
-    for start, end, category, attempt in ledger.segments:
-        for row in (0, attempt + 1):  # the job, and the attempt's own row
-            ax.broken_barh([(start, end - start)], (row - 0.4, 0.8), color=CATEGORY_COLOURS[category])
-        drawn += [category] if category not in drawn else []
-    ax.set_yticks(range(attempts + 1), ["job", *(f"attempt {i}" for i in range(attempts))])
+
+    def bar(row: int, start: float, end: float, category: str) -> None:
+        ax.broken_barh([(start, end - start)], (row - 0.4, 0.8), color=CATEGORY_COLOURS[category])
+        drawn.extend([category] if category not in drawn else [])
+
+    for start, end, category, _ in ledger.segments:
+        bar(0, start, end, category)
+    for g, (_, group) in enumerate(groups):
+        for start, end, category, attempt in group.segments:
+            bar(1 + attempt * len(groups) + g, start, end, category)
+    ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since submission")
     ettr = "unknown" if ledger.ettr is None else f"{ledger.ettr * 100:.1f} %"

@@ -17,18 +17,17 @@ from cluster import backends, goodput
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
 from cluster.sweep_dir import Sweep
-from train.protocol import read_records, record_name, strip_stamp
+from train.protocol import strip_stamp
 
 TRAINER_METRICS = ("train_loss", "test_loss", "test_acc")
 KEY_VALUE = re.compile(r"\b([A-Za-z_][\w.]*)=(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
 LOG_TAIL = 65536
 
 
-def trainer_metrics(job: JobDir) -> tuple[dict, float | None]:
+def trainer_metrics(records: list[dict]) -> tuple[dict, float | None]:
     """(the last value of each metric in rank 0's step records, its first start record's time)."""
-    path = job.path / record_name(0)
     metrics, started = {}, None
-    for rec in read_records(path) if path.exists() else []:
+    for rec in records:
         if rec.get("event") == "start" and started is None:
             started = rec.get("time")
         if rec.get("event") == "step":
@@ -85,14 +84,15 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
     report = inspect(job, running=False)  # pure: the scheduler is asked only for an unfinished job
     steps = [r.last_step for r in report.ranks if r.last_step is not None]
     row["steps"] = max(steps) if steps else None
-    metrics, started = trainer_metrics(job)
+    records = job.records(0)  # read once: the metrics and the ledger
+    metrics, started = trainer_metrics(records)
     program = (job.plan() or {}).get("program")
     row["metrics"] = metrics if not program else program_metrics(job)
     if program and program["kind"] == "submitit":
         row["metrics"].update(result_metrics(job))
     ended_at = max((r.last_time for r in report.ranks if r.last_time), default=None)
     row["wall_s"] = round(ended_at - started, 1) if started and ended_at else None
-    ledger = goodput.ledger_of(job)
+    ledger = goodput.ledger_of(job, records=records)
     row["goodput"] = ledger and ledger.to_json()["ettr"]
     if report.world_size and report.completed == report.world_size:
         row["state"] = "completed"
