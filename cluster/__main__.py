@@ -237,7 +237,7 @@ def cmd_logs(args) -> int:
         ):  # LAZY: where it is shown (not a 16,384-rank --json)
             from cluster.goodput import group_ledgers, ledger_of
 
-            ledger = ledger_of(job_dir)
+            ledger = ledger_of(job_dir, running=report.running)
         if args.rank is not None:
             files = job_dir.rank_logs(args.rank)
             if not files:
@@ -250,7 +250,7 @@ def cmd_logs(args) -> int:
         if args.plot and args.goodput:
             if ledger is None:
                 raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
-            plot_goodput(ledger, str(job_dir), args.plot, group_ledgers(job_dir))
+            plot_goodput(ledger, str(job_dir), args.plot, group_ledgers(job_dir, running=report.running))
             print(f"wrote {args.plot}", file=sys.stderr)
         elif args.plot:
             plot_step_times(report, args.plot)

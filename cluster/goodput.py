@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from cluster import backends
 from cluster.attempt_history import history
 from cluster.jobdir import JobDir
+from cluster.logs.scan import scan_log
+from cluster.logs.triage import job_is_running
 
 CATEGORIES = ("queued", "start-up", "productive", "checkpoint", "lost work", "other", "detection", "stalled",
               "restart", "teardown")  # fmt: skip
@@ -158,10 +160,15 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
 
 
 def ledger_of(
-    job_dir: JobDir, gpus: int | None = None, rank: int = 0, records: list[dict] | None = None
+    job_dir: JobDir,
+    gpus: int | None = None,
+    rank: int = 0,
+    records: list[dict] | None = None,
+    running: bool | None = None,
 ) -> Ledger | None:
     """A job's ledger from its files, as ``rank`` saw it (rank 0: the job's); None before that
-    rank wrote a record. ``records``: that rank's, where the caller has read them already."""
+    rank wrote a record. ``records``: that rank's, where the caller has read them already;
+    ``running``: whether the job still runs (None: its backend is asked)."""
     plan = job_dir.plan()
     if plan is None:
         return None
@@ -187,6 +194,8 @@ def ledger_of(
             launched = first_launch if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
         attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
     last_record = max(r.get("time", 0) for r in records)
+    if len(attempts) - 1 not in ends and not (job_is_running(job_dir) if running is None else running):
+        last_record = max(last_record, ended_by_its_log(job_dir, rank, attempts[-1]))
     for number, a in enumerate(attempts[:-1]):  # an attempt ends where the kit said, or at its last record
         a.ended = max(a.ended, a.last_progress or a.launched)
         if number + 1 not in starts:
@@ -206,7 +215,7 @@ def ledger_of(
     return ledger
 
 
-def group_ledgers(job_dir: JobDir, limit: int = 8) -> list[tuple[str, Ledger]]:
+def group_ledgers(job_dir: JobDir, limit: int = 8, running: bool | None = None) -> list[tuple[str, Ledger]]:
     """The timeline of each group of ranks (a node's, by the plan), as its first rank saw it:
     (``ranks 2-3``, its ledger) for the first ``limit`` groups that wrote records."""
     plan = job_dir.plan() or {}
@@ -215,9 +224,24 @@ def group_ledgers(job_dir: JobDir, limit: int = 8) -> list[tuple[str, Ledger]]:
         groups.setdefault(r["node"], []).append(r["rank"])
     out = []
     for ranks in list(groups.values())[:limit]:
-        if (ledger := ledger_of(job_dir, rank=ranks[0])) is not None:
+        if (ledger := ledger_of(job_dir, rank=ranks[0], running=running)) is not None:
             out.append((f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}", ledger))
     return out
+
+
+def ended_by_its_log(job_dir: JobDir, rank: int, last: Attempt) -> float:
+    """The last attempt of a job that is over, where the kit wrote no end record of it (no
+    restarts): the rank's log dates its end (its last write: a stall dump, a traceback's
+    last line, the exit) and tells a hang (the stall watchdog's dump) and an error; the
+    records alone stop at the last progress, and a hang's time would not be seen."""
+    logs = job_dir.rank_log_files(rank, job_dir.names())
+    if not logs:
+        return last.ended
+    scan = scan_log(logs[-1], progress=last.last_progress)
+    last.ended = max(last.ended, scan["mtime"] or 0)
+    last.hang = last.hang or bool(scan["stalled"])
+    last.failed = last.failed or bool(scan["error"])
+    return last.ended
 
 
 def gpus_per_node(plan: dict) -> int:

@@ -169,3 +169,26 @@ def test_the_timeline_has_a_row_per_attempt_and_group_of_ranks(tmp_path):
     drawn = plot_goodput(ledger_of(job), "a requeued job", tmp_path / "timeline.png", groups)
     assert {"queued", "start-up", "productive", "lost work", "restart"} <= set(drawn)
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_hang_without_restarts_is_stalled_until_the_watchdogs_dump(tmp_path):
+    """No restarts, so no end record of the kit's: rank 0's records stop at its last step; its
+    log's stall dump (the watchdog, 30 s later) dates the end. While the job runs, nothing is
+    assumed of the time since."""
+    plan = {"cluster": "slurm", "nodes": 1, "tasks_per_node": 2, "gpus_per_task": 1, "ranks": []}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "spec.yaml").write_text("name: x\n")
+    os.utime(tmp_path / "spec.yaml", (1000, 1000))
+    os.utime(tmp_path / "plan.json", (1005, 1005))
+    records = [{"event": "start", "time": 1006}, {"event": "first_step", "step": 1, "time": 1010},
+               {"event": "step", "step": 100, "step_ms": 100.0, "time": 1020}]  # fmt: skip
+    (tmp_path / "rank_00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "rank_00000.log").write_text(
+        "2026-01-01T00:00:00.000 step 100\nTimeout (0:00:30)!\nThread 0x1 (most recent call first):\n"
+        '  File "train.py", line 9 in main\n'
+    )
+    os.utime(tmp_path / "rank_00000.log", (1050, 1050))
+    over = ledger_of(JobDir(tmp_path), running=False)
+    assert over.categories["stalled"] == 30 and over.wall_s == 50 and over.attempts[0]["stalled"] == 30
+    running = ledger_of(JobDir(tmp_path), running=True)
+    assert running.categories["stalled"] == 0 and running.wall_s == 20

@@ -586,6 +586,9 @@ def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(t
     assert code.returncode == 0 and report["completed"] == 4, report
     assert [a["verdict"] for a in report["attempts"]] == ["restart", "restart", None], report["attempts"]
     assert [a["nodes"] for a in report["attempts"]] == [["n1", "n2"], ["n1", "n3"], ["n1", "n3"]]
+    ledger = ledger_of(job_dir)  # three attempts, two restarts, each its own row
+    assert len(ledger["attempts"]) == 3 and all("restart" in a for a in ledger["attempts"][1:])
+    assert ledger["categories"]["lost work"] > 0 and ledger["ettr"] < ETTR["uninterrupted"]
 
 
 def kill_ranks_at_step(job_id: str, job_dir: Path, ranks: tuple[int, ...], step: int) -> None:
@@ -807,6 +810,9 @@ def test_your_own_script_on_two_nodes_sees_the_planned_environment(launcher, tmp
     )
     code, report = logs_json(job_dir)
     assert code.returncode == 0 and all(r["state"] == "completed" and r["last_step"] == 30 for r in report["ranks"])
+    ledger = ledger_of(job_dir)  # your own program, under either launcher: a ledger of one attempt
+    assert len(ledger["attempts"]) == 1 and 0 < ledger["ettr"] < 1 and not ledger["checkpoint_known"]
+    assert ledger["categories"]["queued"] == pytest.approx(batch_start(job_dir), abs=0.01)
 
 
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
@@ -837,6 +843,8 @@ def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watch
     code, report = logs_json(job_dir)
     assert code.returncode == 1 and report["hang"]["culprits"] == [2] and report["first_failure"]["rank"] == 2
     assert "train_cnn.py" in report["first_failure"]["error"]
+    ledger = ledger_of(job_dir)  # no restarts: rank 0's stall dump dates the end, the hang is stalled
+    assert ledger["categories"]["stalled"] >= 15 * 0.9 and ledger["attempts"][0]["stalled"] > 0, ledger
 
 
 def test_preflight_of_a_job_slurm_will_never_start_ends_and_cancels_it(tmp_path):

@@ -92,19 +92,19 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
         row["metrics"].update(result_metrics(job))
     ended_at = max((r.last_time for r in report.ranks if r.last_time), default=None)
     row["wall_s"] = round(ended_at - started, 1) if started and ended_at else None
-    ledger = goodput.ledger_of(job, records=records)
-    row["goodput"] = ledger and ledger.to_json()["ettr"]
     if report.world_size and report.completed == report.world_size:
         row["state"] = "completed"
-        return row
-    backend = backends.of(job)
-    kind = backend.state(job).kind if backend else "unknown"
-    if kind in ("waiting", "running"):
-        row["state"] = "pending" if kind == "waiting" else "running"
     else:
-        row["state"] = "failed"
-        first = report.first_failure
-        row["first_failure"] = {"rank": first["rank"], "error": first["error"]} if first else None
+        backend = backends.of(job)
+        kind = backend.state(job).kind if backend else "unknown"
+        if kind in ("waiting", "running"):
+            row["state"] = "pending" if kind == "waiting" else "running"
+        else:
+            row["state"] = "failed"
+            first = report.first_failure
+            row["first_failure"] = {"rank": first["rank"], "error": first["error"]} if first else None
+    ledger = goodput.ledger_of(job, records=records, running=row["state"] in ("pending", "running"))
+    row["goodput"] = ledger and ledger.to_json()["ettr"]
     return row
 
 
