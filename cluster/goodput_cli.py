@@ -32,6 +32,7 @@ def measured(job_dir: JobDir, ledger: Ledger) -> dict:
         "startup_s": rows[0].get("start-up") if rows else None,
         "detection_s": (c["detection"] + c["stalled"]) / failures if failures else None,
         "restart_s": c["restart"] / failures if failures else None,
+        "other_frac": c["other"] / steps_s if (steps_s := c["productive"] + c["lost work"]) > 0 else None,
         "ckpt_every": train.get("ckpt_every") or None,
         "nodes": plan.get("nodes", 1),
         "gpus_per_node": gpus_per_node(plan),
@@ -97,7 +98,7 @@ def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> Scenario:
         s.work_h = ledger.categories["productive"] / 3600
     for key, value in (("step_s", m["step_s"]), ("ckpt_s", m["save_s"]), ("startup_s", m["startup_s"]),
                        ("detection_s", m["detection_s"]), ("restart_s", m["restart_s"]),
-                       ("ckpt_every", m["ckpt_every"])):  # fmt: skip
+                       ("ckpt_every", m["ckpt_every"]), ("other_frac", m["other_frac"])):  # fmt: skip
         if value is not None:
             setattr(s, key, value)
     return s

@@ -41,6 +41,9 @@ class Scenario:
     detection_s: float = 60.0
     restart_s: float = 30.0
     requeue_s: float = 600.0
+    # Evaluation, logging, what else the training span holds beyond its steps and saves, as a
+    # share of the steps' time (the ledger's "other" / "productive" + "lost work")
+    other_frac: float = 0.0
     mtbf_h: float | None = None  # None: from the size (cluster.goodput.mtbf_hours)
     node_loss: float = 0.78  # Llama 3: 78 % of unexpected interruptions were hardware
     spare_nodes: int = 1
@@ -71,15 +74,16 @@ def parse_scenario(pairs: list[str], base: Scenario | None = None) -> Scenario:
 def run_once(s: Scenario, policy: str, ckpt_every: int, rng: random.Random) -> float:
     """One run's ETTR under ``policy``."""
     work, interval = 3600 * s.work_h, ckpt_every * s.step_s
+    slow = 1 + s.other_frac  # wall seconds per second of steps
     saved, clock, spares, replay = 0.0, 0.0, s.spare_nodes, list(s.failures_at)
     while True:
         clock += s.startup_s
         to_failure = replay.pop(0) - clock if replay else (math.inf if s.failures_at else rng.expovariate(1 / s.mtbf_s))
         to_failure = max(0.0, to_failure)
-        cycle = interval + s.ckpt_s
+        cycle = interval * slow + s.ckpt_s
         left = work - saved
         cycles_left = math.ceil(left / interval)
-        finish = left + (cycles_left - 1) * s.ckpt_s  # no save after the last step
+        finish = left * slow + (cycles_left - 1) * s.ckpt_s  # no save after the last step
         if finish <= to_failure:
             return work / (clock + finish)
         saved += min(left, math.floor(to_failure / cycle) * interval)
@@ -110,7 +114,7 @@ def format_simulation(s: Scenario, result: dict) -> list[str]:
     lines = [
         f"{s.nodes} nodes x {s.gpus_per_node} GPUs, {s.work_h:g} h of training, MTBF {result['mtbf_h']:g} h, "
         f"step {s.step_s:g} s, save {s.ckpt_s:g} s, start-up {s.startup_s:g} s, detection {s.detection_s:g} s, "
-        f"restart {s.restart_s:g} s, requeue {s.requeue_s:g} s",
+        f"restart {s.restart_s:g} s, requeue {s.requeue_s:g} s, other {s.other_frac * 100:g} % of the steps' time",
         f"{'policy':<10}{'ckpt_every=' + str(s.ckpt_every):>20}{'recommended=' + str(result['recommended_ckpt_every']):>22}",
     ]
     for policy, row in result["policies"].items():

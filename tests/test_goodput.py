@@ -100,6 +100,10 @@ def test_the_simulator_ranks_the_policies_and_a_replay_is_the_ledger_arithmetic(
                  node_loss=1, spare_nodes=1, failures_at=[100.0])  # fmt: skip
     # 10 s start-up, 90 s: one interval of 50 + its save, 38 s lost; 5 + 3 s; 10 s start-up; 150 s + 2 saves
     assert run_once(s, "spare", 50, random.Random(0)) == pytest.approx(200 / (100 + 5 + 3 + 10 + 150 + 4))
+    # Evaluation and logging at a tenth of the steps' time: 100 s is one cycle of 55 + 2 and
+    # 43 s lost; then 150 steps take 165 s, with 2 saves.
+    s.other_frac = 0.1
+    assert run_once(s, "spare", 50, random.Random(0)) == pytest.approx(200 / (100 + 5 + 3 + 10 + 165 + 4))
 
 
 def test_simulate_keys_are_checked_by_name():
