@@ -16,7 +16,7 @@ from cluster.jobdir import FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
 from cluster.render import render
 from cluster.request import job_files, make_request
-from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections, unhandled_signal_note
+from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections, early_signal_note, unhandled_signal_note
 from train.config import apply_overrides, build, load, read_yaml, to_dict
 
 SUBMITIT_SIGNAL = "USR2@90"  # submitit's time-limit signal: a function's job where the spec has none
@@ -36,8 +36,9 @@ def load_spec(
         spec = load(JobSpec, job, overrides)
         separate = [apply_overrides({}, [text]) for text in overrides]
         check_program_sections(read_yaml(job), separate, str(job), say)
-    if note := unhandled_signal_note(spec):
-        say(note)
+    for note in (unhandled_signal_note(spec), early_signal_note(spec)):
+        if note:
+            say(note)
     return spec, make_plan(spec)
 
 

@@ -230,3 +230,11 @@ def test_a_users_train_py_and_cluster_py_neither_shadow_nor_are_shadowed(tmp_pat
 def test_plan_notes_a_script_that_never_names_the_specs_signal(script, noted):
     result = run_module("cluster", "plan", "jobs/cnn.yaml", f"program.script={script}")
     assert result.returncode == 0 and ("never names SIGUSR1" in result.stderr) == noted, result.stderr
+
+
+@pytest.mark.parametrize("time, noted", [("00:02:00", True), ("00:02:30", False), ("00:03:00", False)])
+def test_plan_notes_a_signal_slurm_may_send_before_the_ranks_start(time, noted):
+    """sbatch may send --signal up to 60 s early: with USR1@90, a job of 150 s or less may get
+    it at its start (minutes are rounded up, as SLURM does: 2:30 is 3 minutes, so 180 s)."""
+    result = run_module("cluster", "plan", "jobs/cnn.yaml", f"time={time}", "signal=USR1@90")
+    assert result.returncode == 0 and ("may send the signal up to 60 s early" in result.stderr) == noted, result.stderr
