@@ -369,24 +369,21 @@ def check_program_sections(file_tree: dict, overrides: list[dict], source: str, 
         )
 
 
-# sbatch --signal: "Due to the resolution of event handling by Slurm, the signal may be sent
-# up to 60 seconds earlier than specified."
-SIGNAL_EARLY_S = 60
-
-
 def early_signal_note(spec: JobSpec) -> str:
-    """A note when SLURM may send the ranks' time-limit signal as the job starts: a job no
-    longer than the signal's lead plus SLURM's 60 s of slack can get it before srun has
-    started the ranks, and then no rank ever does (seen: ``time: 2`` with ``USR1@90``)."""
-    if not spec.rank_signal or spec.cluster != "slurm":
+    """A note when the scheduler may send the ranks' time-limit signal as the job starts: a
+    job no longer than the signal's lead plus the scheduler's slack (SLURM: 60 s) can get it
+    before srun has started the ranks, and then no rank ever does (seen: ``time: 2`` with
+    ``USR1@90``)."""
+    early = backends.get(spec.cluster).signal_early_s
+    if not spec.rank_signal or not early:
         return ""
     lead = parse_time_limit_signal(spec.signal)[1]
-    if spec.time_minutes * 60 > lead + SIGNAL_EARLY_S:
+    if spec.time_minutes * 60 > lead + early:
         return ""
     return (
-        f"note: signal: {spec.signal} with time: {spec.time}: SLURM may send the signal up to {SIGNAL_EARLY_S} s "
+        f"note: signal: {spec.signal} with time: {spec.time}: the scheduler may send the signal up to {early} s "
         "early (sbatch --signal), here as soon as the job starts, before its ranks exist to get it; give the job "
-        f"more than {lead + SIGNAL_EARLY_S} s or the signal a shorter lead"
+        f"more than {lead + early} s or the signal a shorter lead"
     )
 
 

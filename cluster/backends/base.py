@@ -94,6 +94,8 @@ class Backend:
     # A job file the batch script writes again at each launch: its write dates the launch (where
     # the goodput ledger's "queued" ends); None: the ranks' process starts date it.
     launch_marker: ClassVar[str | None] = None
+    # How early the scheduler may send the spec's time-limit signal (its event resolution).
+    signal_early_s: ClassVar[int] = 0
 
     def check(self, spec: JobSpec) -> None:
         """Refuse (ConfigError naming the key) what this backend cannot run; called by the spec's validation."""

@@ -82,6 +82,9 @@ class SlurmBackend(Backend):
     scheduler = True
     array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
     launch_marker = PLAN  # the kit's batch script writes the rank plan at its start (cluster.render)
+    # sbatch --signal: "Due to the resolution of event handling by Slurm, the signal may be sent
+    # up to 60 seconds earlier than specified."
+    signal_early_s = 60
 
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:
         # One array asks for one allocation per task: every point must ask for the same.
