@@ -172,7 +172,7 @@ def from_launch(run: Path) -> float:
     if run.is_file():
         at = {x.split(" at ")[0]: float(x.split()[-1]) for x in run.read_text().splitlines() if " at " in x}
         return at["first all_reduce"] - at["batch start"]
-    return max(first_steps(run, 4)) - JobDir(run).plan_file.stat().st_mtime
+    return max(first_steps(run)) - JobDir(run).plan_file.stat().st_mtime
 
 
 def nodes_idle() -> bool:
@@ -182,18 +182,18 @@ def nodes_idle() -> bool:
     return out.returncode == 0 and set(out.stdout.split()) == {"idle"}
 
 
-def first_steps(job_dir: Path, world_size: int) -> list[float] | None:
-    """Every rank's first step (its record's time), once all have one."""
-    firsts = [records(job_dir, rank, "first_step") for rank in range(world_size)]
+def first_steps(job_dir: Path) -> list[float] | None:
+    """Every planned rank's first step (its record's time), once all have one."""
+    firsts = [records(job_dir, rank, "first_step") for rank in range(JobDir(job_dir).world_size())]
     return [f[0]["time"] for f in firsts] if all(firsts) else None
 
 
 def kit_start(tmp: Path, spec: str = "jobs/multi_node.yaml", *overrides: str) -> tuple[float, Path]:
-    """Submission -> every rank's first training step (4 ranks: 2 nodes x 2 tasks)."""
+    """Submission -> every rank's first training step (FIT: 2 nodes x 2 tasks)."""
     start = time.time()
     job_dir = submit(tmp, *FIT, *overrides, spec=spec)
     try:
-        firsts = wait_until(lambda: first_steps(job_dir, 4), 300, "every rank's first step", 0.05)
+        firsts = wait_until(lambda: first_steps(job_dir), 300, "every rank's first step", 0.05)
     finally:
         wait_until(lambda: ended(job_dir.name), 300, "the job to end")
     return max(firsts) - start, job_dir
@@ -205,16 +205,16 @@ def startup_phases(job_dir: Path) -> dict[str, float]:
     rank's start record (the shim writes it before the program runs; the built-in trainer once
     its model and optimizer are built) -> the last rank's first step."""
     job = JobDir(job_dir)
-    starts = [records(job_dir, rank, "start")[0] for rank in range(4)]
+    starts = [records(job_dir, rank, "start")[0] for rank in range(job.world_size())]
     marks = [job.spec_file.stat().st_mtime, job.plan_file.stat().st_mtime,
-             max(s["launched"] for s in starts), max(s["time"] for s in starts), max(first_steps(job_dir, 4))]  # fmt: skip
+             max(s["launched"] for s in starts), max(s["time"] for s in starts), max(first_steps(job_dir))]  # fmt: skip
     return dict(zip(STARTUP_PHASES, (b - a for a, b in zip(marks, marks[1:]))))
 
 
 STARTUP_PHASES = ("queued", "srun", "to the start record", "to the first step")
 
 
-def user_start(tmp: Path) -> float:
+def user_start(tmp: Path) -> tuple[float, Path]:
     """The same through the shim: jobs/train_cnn.py, a torchrun script (2 steps)."""
     return kit_start(tmp, "jobs/cnn.yaml", f'program.args=[--steps,"2",--ckpt,{tmp}/cnn.pt]')
 

@@ -237,7 +237,8 @@ def cmd_logs(args) -> int:
         ):  # LAZY: where it is shown (not a 16,384-rank --json)
             from cluster.goodput import group_ledgers, ledger_of
 
-            ledger = ledger_of(job_dir, running=report.running)
+            # The report's answer (unknown counts as over, as in the triage): not asked again
+            ledger = ledger_of(job_dir, running=bool(report.running))
         if args.rank is not None:
             files = job_dir.rank_logs(args.rank)
             if not files:
@@ -250,7 +251,7 @@ def cmd_logs(args) -> int:
         if args.plot and args.goodput:
             if ledger is None:
                 raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
-            plot_goodput(ledger, str(job_dir), args.plot, group_ledgers(job_dir, running=report.running))
+            plot_goodput(ledger, str(job_dir), args.plot, group_ledgers(job_dir, running=bool(report.running)))
             print(f"wrote {args.plot}", file=sys.stderr)
         elif args.plot:
             plot_step_times(report, args.plot)

@@ -166,7 +166,7 @@ class Job:
         if allowed:
             used = restarts_used(summary(self.ref.job_dir))
             status["restarts"] = {"allowed": allowed, "used": used, "left": allowed - used}
-        if (ledger := goodput.ledger_of(self.ref.job_dir, running=not state.ended)) is not None:  # so far
+        if (ledger := goodput.ledger_of(self.ref.job_dir, running=state.live)) is not None:  # so far
             status["goodput"] = {"ettr": ledger.to_json()["ettr"], "line": goodput.format_line(ledger)}
         return status
 
@@ -195,7 +195,7 @@ class Job:
     def goodput(self) -> dict | None:
         """Where the job's time went so far: ``cluster logs --goodput --json``'s ``goodput``
         (None before rank 0 wrote a record)."""
-        ledger = goodput.ledger_of(self.ref.job_dir, running=not self.state().ended)
+        ledger = goodput.ledger_of(self.ref.job_dir, running=self.state().live)
         return ledger and ledger.to_json()
 
     def results(self, timeout: float | None = None, say: Say = say_stderr) -> list:

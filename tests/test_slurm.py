@@ -206,8 +206,8 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
     - a script with no handler: it runs on to its time limit, and ``cluster logs`` says so.
     No batch log holds "User defined signal 1" (a rank or agent killed by the signal).
     Each job's time is more than its signal's lead + 60 s: SLURM may send it up to 60 s
-    early (sbatch --signal), and a job of 2 min with USR1@90 once got it at its start, under
-    load, before srun had started a step to get it (the kit notes such a spec at submission)."""
+    early (sbatch --signal), and a job of 2 min with USR1@90 once, under load, had no rank
+    get it at all (the kit notes such a spec at submission)."""
     script = ["program.script=tests/user_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
     ckpt = tmp_path / "handled.pt"
     handled = f'program.args=["--ckpt", "{ckpt}", "--handle", "--step-s", "7"]'

@@ -57,6 +57,11 @@ class State:
     def ended(self) -> bool:
         return self.kind == "ended"
 
+    @property
+    def live(self) -> bool:
+        """Known to wait or run (unknown is not: the triage and the goodput ledger count it as over)."""
+        return self.kind in ("waiting", "running")
+
 
 class NeverStarts(RuntimeError):
     """The scheduler keeps the job pending for a reason that no waiting removes."""
