@@ -55,7 +55,9 @@ class Attempt:
     ended: float
     first_step: float | None = None
     last_progress: float | None = None
-    start_step: int = 0  # the step it resumed from
+    # The step it resumed from; None: not said (a program of one's own that does not say where it
+    # resumed), so the steps of the attempt before it count as kept.
+    start_step: int | None = 0
     last_step: int = 0
     step_s: float | None = None  # its median step time
     checkpoint_s: float | None = 0.0  # None: unknown (a program that does not say)
@@ -119,8 +121,8 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
         took, clock = to - clock, to
         return took
 
-    resumed_from = [a.start_step for a in attempts[1:]] + [None]
-    for number, (a, next_start) in enumerate(zip(attempts, resumed_from)):
+    for number, a in enumerate(attempts):
+        following = attempts[number + 1] if number + 1 < len(attempts) else None
         row = {"attempt": number}
         if number == 0:
             row["queued"] = advance(a.launched, "queued")
@@ -130,8 +132,10 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
         if a.first_step is not None:  # the training span, divided: the lost work is its end
             span_end = max(clock, a.last_progress if a.last_progress is not None else clock)
             span = span_end - clock
-            done = max(0, a.last_step - a.start_step)
-            kept = done if next_start is None else max(0, min(a.last_step, next_start) - a.start_step)
+            start = a.start_step or 0
+            done = max(0, a.last_step - start)
+            resumed = following.start_step if following else None
+            kept = done if resumed is None else max(0, min(a.last_step, resumed) - start)
             step_s = a.step_s if a.step_s is not None else (span / done if done else 0.0)
             parts = {"productive": kept * step_s, "lost work": (done - kept) * step_s,
                      "checkpoint": a.checkpoint_s or 0.0}  # fmt: skip
@@ -146,9 +150,9 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
             row.update(steps_done=done, steps_kept=kept, step_s=step_s)
         if a.hang:  # stuck until the watchdog or a collective's timeout ended the attempt
             row["stalled"] = advance(a.ended, "stalled")
-        elif a.failed or next_start is not None:  # found (the first error), ranks stopped, triaged, the next launched
+        elif a.failed or following:  # found (the first error), ranks stopped, triaged, the next launched
             row["detection"] = advance(a.failed_at if a.failed_at is not None else a.ended, "detection")
-            after = "restart" if next_start is not None else "teardown"
+            after = "restart" if following else "teardown"
             row[after] = advance(a.ended, after)
         else:
             row["teardown"] = advance(a.ended, "teardown")
@@ -205,13 +209,15 @@ def ledger_of(
     ledger.saves_s = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
     if not built_in:
         ledger.notes.append(
-            "your own program: its resume point is its own, so every step of a restarted attempt counts as kept; "
-            + (
-                "checkpoint time as it reported it"
-                if ledger.checkpoint_known
-                else "checkpoint time unknown (it reports none: docs/goodput.md has the one line that does)"
-            )  # fmt: skip
+            "your own program: checkpoint time as it reported it"
+            if ledger.checkpoint_known
+            else "your own program: checkpoint time unknown (it reports none: docs/goodput.md has the one line that does)"
         )
+        if any(a.start_step is None for a in attempts[1:]):
+            ledger.notes.append(
+                "your own program does not say where a restart resumed (docs/goodput.md): "
+                "every step before a restart counts as kept"
+            )
     return ledger
 
 
@@ -263,15 +269,19 @@ def attempt_of(records: list[dict], launched: float, end: dict | None, built_in:
     progress = [r for r in records if r.get("event") in ("first_step", "step")]
     first = next((r["time"] for r in records if r.get("event") == "first_step"), None)
     steps = [r for r in records if r.get("event") == "step"]
-    resume = next((r["step"] for r in records if r.get("event") == "resume"), 0)
+    resume = next((r["step"] for r in records if r.get("event") == "resume"), None)
     step_ms = [r["step_ms"] for r in steps if r.get("step_ms")]
     saves = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
     last_time = max(r.get("time", 0) for r in records)
     a = Attempt(launched=launched, ended=end["time"] if end else last_time)
     a.first_step = first
     a.last_progress = max(r["time"] for r in progress) if progress else None
-    a.start_step = resume if built_in else 0
-    a.last_step = max((r["step"] for r in steps), default=a.start_step)  # the shim's: this process's steps
+    if built_in:  # its step records count from where it resumed
+        a.start_step = resume or 0
+        a.last_step = max((r["step"] for r in steps), default=a.start_step)
+    else:  # the shim's step records count this process's optimizer steps; the program's resume record, if
+        a.start_step = resume  # it writes one (docs/goodput.md), says where they began
+        a.last_step = (resume or 0) + max((r["step"] for r in steps), default=0)
     a.step_s = statistics.median(step_ms) / 1000 if step_ms else None
     a.checkpoint_s = sum(saves) if (saves or built_in) else None
     a.failed = bool(end) or any(r.get("event") == "failed" for r in records)

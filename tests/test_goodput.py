@@ -82,6 +82,30 @@ def test_your_own_programs_checkpoint_time_is_unknown_unless_it_says():
     assert not build(0, [silent]).checkpoint_known and build(0, [told]).checkpoint_known
 
 
+def test_your_own_programs_lost_work_needs_its_resume_record_and_is_never_all_of_it_without():
+    """The shim counts each attempt's optimizer steps from zero: attempt 0 did 120, attempt 1
+    another 80 after the program loaded its checkpoint of step 100. Told (a resume record), the
+    20 redone steps are lost work; not told, none is (docs/goodput.md), where a start-from-zero
+    reading would call all 120 lost."""
+
+    def attempt(launched, steps, resume=None):
+        records = [{"event": "start", "time": launched}, {"event": "first_step", "step": 1, "time": launched + 5},
+                   {"event": "step", "step": steps, "step_ms": 500.0, "time": launched + 5 + steps * 0.5}]  # fmt: skip
+        if resume is not None:
+            records.insert(1, {"event": "resume", "step": resume, "time": launched + 4})
+        return attempt_of(records, launched, None, built_in=False)
+
+    first = attempt(0, 120)
+    first.failed = True
+    told = build(0, [first, attempt(70, 80, resume=100)])
+    assert told.categories["lost work"] == 20 * 0.5 and told.categories["productive"] == (100 + 80) * 0.5
+    assert [(r["steps_done"], r["steps_kept"]) for r in told.attempts] == [(120, 100), (80, 80)]
+    first = attempt(0, 120)
+    first.failed = True
+    silent = build(0, [first, attempt(70, 80)])
+    assert silent.categories["lost work"] == 0 and silent.categories["productive"] == (120 + 80) * 0.5
+
+
 def test_young_daly_and_the_mtbf_scaled_from_the_size():
     assert mtbf_hours(16384) == 1.8 and mtbf_hours(2048 * 8) == 1.8 and mtbf_hours(8) == 1.8 * 2048
     best = young_daly_s(30, 3600)

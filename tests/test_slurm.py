@@ -614,13 +614,15 @@ def two_attempts(job_dir: Path) -> tuple[dict, dict, dict]:
     return report, first, second
 
 
-def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_checkpoint(tmp_path):
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_checkpoint(launcher, tmp_path):
     """jobs/train_cnn.py knows nothing of the kit: the ranks of its second node are killed at
     step 60 or so, the kit starts it again on n1 and the spare, and it resumes from the
-    checkpoint it saved itself (--ckpt, every 50 steps)."""
+    checkpoint it saved itself (--ckpt, every 50 steps). Under torchrun's agents too: the
+    agent of n2 sees its workers killed and fails the step, as srun does for its tasks."""
     ckpt = tmp_path / "cnn.pt"
     args = ["--steps", "200", "--log-every", "10", "--ckpt", str(ckpt), "--ckpt-every", "50"]
-    program = [f"program.args={json.dumps(args)}", "restarts=1", "spare_nodes=1"]
+    program = [f"program.args={json.dumps(args)}", f"program.launcher={launcher}", "restarts=1", "spare_nodes=1"]
     result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, *program, wait=False)
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "cnn" / info["job_id"]
@@ -633,6 +635,8 @@ def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_chec
     ledger = ledger_of(job_dir)  # a program of one's own gets a ledger; it reports no checkpoint time
     assert len(ledger["attempts"]) == 2 and ledger["categories"]["restart"] > 0 and 0 < ledger["ettr"] < 1
     assert not ledger["checkpoint_known"] and any("checkpoint time unknown" in n for n in ledger["notes"])
+    # It does not say where it resumed: the steps before the restart count as kept (docs/goodput.md)
+    assert ledger["categories"]["lost work"] == 0 and any("where a restart resumed" in n for n in ledger["notes"])
     assert ledger["categories"]["queued"] >= batch_start(job_dir) - 0.01  # until the kit's attempt 0 started
 
 
