@@ -11,6 +11,12 @@ import time
 from cluster.jobdir import JobDir
 from train.protocol import read_records
 
+# What cluster.attempts says goes to the batch script's output (slurm-<id>.log), each line
+# prefixed; before each restart it says "restart N of M ...": srun's words about the tasks of
+# the attempt running now come after the last such line (``cluster.logs.triage.scheduler_kill``).
+SAY_PREFIX = "cluster.attempts: "
+RESTART_SAID = SAY_PREFIX + "restart "
+
 
 def history(job_dir: JobDir) -> list[dict]:
     """attempts.jsonl's records, oldest first."""

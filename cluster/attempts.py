@@ -32,7 +32,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cluster.attempt_history import append, history, restarts_used
+from cluster.attempt_history import SAY_PREFIX, append, history, restarts_used
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
 from cluster.poll import wait_until
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-node", help="guard: the node that runs the batch script")
     args = parser.parse_args(argv)
     # What it says goes to the batch script's output (slurm-<id>.log); stdout is the answer.
-    say = lambda text: print(f"cluster.attempts: {text}", file=sys.stderr, flush=True)  # noqa: E731
+    say = lambda text: print(f"{SAY_PREFIX}{text}", file=sys.stderr, flush=True)  # noqa: E731
     if args.action == "start":
         print(start(args.job_dir, say))
         return 0

@@ -230,6 +230,18 @@ class JobDir:
             found.append(self.file(name))
         return found
 
+    def agent_log_files(self, names: set[str]) -> list[tuple[int, str]]:
+        """(attempt, path) of each torchrun agent's log (program.launcher: torchrun), node 0, 1,
+        ... of attempt 0, 1, ..., those in ``names``."""
+        found, attempt = [], 0
+        while node_log_name(0, attempt) in names:
+            node = 0
+            while (name := node_log_name(node, attempt)) in names:
+                found.append((attempt, self.file(name)))
+                node += 1
+            attempt += 1
+        return found
+
     def rank_logs(self, rank: int) -> list[Path]:
         """Attempt 0, 1, ... of a rank's log, those that exist."""
         return [Path(p) for p in self.rank_log_files(rank, self.names())]

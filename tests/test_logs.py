@@ -171,25 +171,71 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     assert drawn["attempts"] == ["attempt 0 failed: rank 1 on n1, n1 excluded", "restart 1 on n2,n3"]
 
 
+TORCHRUN = {"program": {"launcher": "torchrun"}}
+RESTARTED = "cluster.attempts: attempt 0 failed (exit 137; rank 2 on n2): ...\ncluster.attempts: restart 1 of 2 on n1,n3: restarting\n"
+
+
 @pytest.mark.parametrize(
-    "batch_log, plan, want",
+    "batch_log, plan, rank, node, want",
     [
-        ("srun: error: n2: tasks 2-3: User defined signal 1\n", {"time_limit_signal": "USR1"},
+        ("srun: error: n2: tasks 2-3: User defined signal 1\n", {"time_limit_signal": "USR1"}, 2, "n2",
          "killed by SIGUSR1: the spec's time-limit signal; the program has no handler"),
-        ("srun: error: n1: task 0: User defined signal 2\n", {"time_limit_signal": "USR1"},
+        ("srun: error: n1: task 0: User defined signal 2\n", {"time_limit_signal": "USR1"}, 0, "n1",
          "killed by SIGUSR2: sent to the job"),
-        ("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-11-24T10:00:00 DUE TO TIME LIMIT ***\n", {},
-         "killed at the job's time limit"),
-        ("srun: error: n1: task 0: Exited with exit code 1\n", {}, ""),
+        ("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-11-24T10:00:00 DUE TO TIME LIMIT ***\n", {}, 3,
+         "n2", "killed at the job's time limit"),
+        ("srun: error: n1: task 0: Exited with exit code 1\n", {}, 0, "n1", ""),
+        # The OOM killer's rank is "Killed"; srun then ends its peers: "Terminated" is theirs only
+        ("srun: error: n2: task 2: Killed\nsrun: error: n1: tasks 0-1,3: Terminated\n", {}, 2, "n2",
+         "killed by SIGKILL: sent to the job"),
+        ("srun: error: n2: task 2: Killed\nsrun: error: n1: tasks 0-1,3: Terminated\n", {}, 3, "n2",
+         "killed by SIGTERM: sent to the job"),
+        # torchrun's agents are the tasks: the agent of n2 exited 1 (its workers were SIGKILLed),
+        # srun then ended the agent of n1
+        ("srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n", TORCHRUN, 2,
+         "n2", ""),
+        ("srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n", TORCHRUN, 0,
+         "n1", "killed by SIGTERM: sent to the job"),
+        # after a restart, what srun said of the attempts before is theirs
+        ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED, {}, 2, "n3", ""),
+        ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED + "srun: error: n3: task 2: Terminated\n", {}, 2, "n3",
+         "killed by SIGTERM: sent to the job"),
     ],
 )  # fmt: skip
-def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, want, tmp_path):
+def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, rank, node, want, tmp_path):
     from cluster.logs.triage import scheduler_kill
 
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
     (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
-    assert scheduler_kill(JobDir(job_dir), plan) == want
+    assert scheduler_kill(JobDir(job_dir), plan).of(rank, node) == want
+
+
+AGENT_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_19:49:47
+  host      : n2
+  rank      : 3 (local_rank: 1)
+  exitcode  : -9 (pid: 5565)  (SIGKILL)
+  error_file: <N/A>
+"""
+
+
+def test_a_torchrun_worker_killed_without_a_word_is_named_by_its_agents_account(tmp_path):
+    """srun saw the agent of n2 exit 1 (not a signal): the agent's own report of attempt 1
+    says its worker, rank 3, died of SIGKILL; attempt 0's ranks are not concerned."""
+    from cluster.logs.triage import scheduler_kill
+
+    job_dir = tmp_path / "job" / "12"
+    job_dir.mkdir(parents=True)
+    (tmp_path / "job" / "slurm-12.log").write_text("srun: error: n2: task 1: Exited with exit code 1\n")
+    for name in ("node_00000.log", "node_00001.log", "node_00000.attempt1.log"):
+        (job_dir / name).write_text("")
+    (job_dir / "node_00001.attempt1.log").write_text(AGENT_REPORT)
+    kills = scheduler_kill(JobDir(job_dir), TORCHRUN)
+    assert kills.of(3, "n2", attempt=1) == "killed by SIGKILL (its torchrun agent's account)"
+    assert kills.of(3, "n2", attempt=0) == "" and kills.of(2, "n2", attempt=1) == ""
 
 
 def failing_rank(job_dir, before: str, after: str, progress_at: float) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import orjson
 
 from cluster import backends, stacks
-from cluster.attempt_history import restarts_used, summary
+from cluster.attempt_history import RESTART_SAID, restarts_used, summary
 from cluster.jobdir import ATTEMPTS, JobDir
 from cluster.logs.scan import scan_log
 from cluster.stacks import CASCADE
@@ -143,7 +143,7 @@ def inspect(
     ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
     program = (plan or {}).get("program") or {}
     require_progress = bool(program.get("require_progress"))
-    killed_by = "" if running else scheduler_kill(job_dir, plan)
+    killed_by = SchedulerKills() if running else scheduler_kill(job_dir, plan)
     rank_state = functools.partial(
         rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by, step_times
     )
@@ -238,7 +238,7 @@ def rank_reports(
     now: float,
     silent_after_s: float,
     require_progress: bool,
-    killed_by: str,
+    killed_by: SchedulerKills,
     keep_step_times: bool,
     ranks: list[tuple[int, dict]],
 ) -> tuple[list[RankReport], dict[int, list[tuple[int, float, float]]]]:
@@ -248,6 +248,7 @@ def rank_reports(
     for rank, slot in ranks:
         rep = RankReport(rank=rank, node=slot.get("node"), gpu=slot.get("gpu"), host=slot.get("host", ""))
         final, end, preempted, trained, progress, step_ms, step_times = False, None, None, False, None, [], []
+        node_name = None  # SLURM's name of its node in its last attempt
         records_name = record_name(rank)
         if records_name in names:
             # One pass over the records (thousands of ranks: every step of it counts). A start
@@ -265,6 +266,7 @@ def rank_reports(
                             step_times.append((rec["step"], ms, at))
                 elif event == "start":
                     env = rec.get("env", {})
+                    node_name = env.get("launcher_vars", {}).get("SLURMD_NODENAME")
                     rep.host, rep.node, rep.pid = (
                         env.get("host", rep.host),
                         env.get("node_rank", rep.node),
@@ -325,7 +327,11 @@ def rank_reports(
             if not logs and rep.last_time is None:  # cancelled while pending, or died starting up
                 rep.error, rep.log = scheduler_says(job_dir)
             else:
-                rep.error = killed_by or scan["signal"] or "ended without an error message (killed by a signal?)"
+                rep.error = (
+                    killed_by.of(rank, node_name, len(logs) - 1)
+                    or scan["signal"]
+                    or "ended without an error message (killed by a signal?)"
+                )
                 # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
                 # dates the end, after the error of a peer that made the launcher kill it.
                 rep.last_time = max(rep.last_time or 0, scan["mtime"] or 0) or None
@@ -335,26 +341,88 @@ def rank_reports(
     return reports, times
 
 
-def scheduler_kill(job_dir: JobDir, plan: dict | None) -> str:
-    """Why the scheduler ended the job's ranks, where its log says so: the time limit, or a
-    signal that killed them (srun: "tasks 2-3: User defined signal 1"), named, and said to be
-    the spec's time-limit signal when it is. "" when its log says neither."""
+@dataclass
+class SchedulerKills:
+    """What the scheduler's log says ended ranks: ``job``, every rank (the time limit); else
+    srun's words for each task it names, a task being a rank, or under torchrun's agents
+    (``per_rank`` false) a node's agent: its words then hold for the node's ranks, and where
+    srun names no signal, the agent's account of its workers (``agents``: (attempt, rank) ->
+    why) does."""
+
+    job: str = ""
+    tasks: dict[int, str] = field(default_factory=dict)
+    nodes: dict[str, str] = field(default_factory=dict)
+    per_rank: bool = True
+    agents: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def of(self, rank: int, node_name: str | None, attempt: int = 0) -> str:
+        if self.job or self.per_rank:
+            return self.job or self.tasks.get(rank, "")
+        return self.nodes.get(node_name or "", "") or self.agents.get((attempt, rank), "")
+
+
+def scheduler_kill(job_dir: JobDir, plan: dict | None) -> SchedulerKills:
+    """Why the scheduler ended the ranks of the attempt that ran last, where its log says so:
+    the time limit, or a signal that killed a task (srun: "n2: tasks 2-3: User defined signal
+    1"), named, and said to be the spec's time-limit signal when it is. A task srun saw exit
+    with a code, or did not name, was not killed by it (a rank SIGKILLed by the OOM killer is
+    one srun says "Killed" of; its peers, "Terminated" by srun after it, are theirs). The
+    batch script's output holds every attempt of a job that restarts: what precedes the last
+    restart is of attempts before."""
     text = ""
     for path in job_dir.scheduler_logs():
         if path.exists():
-            text += path.read_text(errors="replace")[-65536:]
+            said = path.read_text(errors="replace")[-65536:]
+            if (at := said.rfind(RESTART_SAID)) != -1:  # the lines after the last restart's
+                said = said[said.find("\n", at) + 1 :] if "\n" in said[at:] else ""
+            text += said
     if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
-        return "killed at the job's time limit"
+        return SchedulerKills(job="killed at the job's time limit")
     spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
+    launcher = ((plan or {}).get("program") or {}).get("launcher")
+    kills = SchedulerKills(per_rank=launcher != "torchrun")
     by_words = {signal.strsignal(sig): sig for sig in signal.Signals}
-    for words in re.findall(r"tasks? [\d\-,]+: (.+)$", text, re.M):
+    for node, tasks, words in re.findall(r"(?:(\S+): )?tasks? ([\d\-,]+): (.+)$", text, re.M):
+        reason = ""
         if (sig := by_words.get(words)) is not None:
             name = sig.name.removeprefix("SIG")
             why = (
                 "the spec's time-limit signal; the program has no handler" if name == spec_signal else "sent to the job"
             )
-            return f"killed by {sig.name}: {why}"
-    return ""
+            reason = f"killed by {sig.name}: {why}"
+        kills.nodes[node] = reason
+        for task in task_numbers(tasks):
+            kills.tasks[task] = reason
+    if not kills.per_rank:
+        kills.agents = agent_kills(job_dir)
+    return kills
+
+
+# torchrun's agent's report of a worker that died of a signal (its ChildFailedError):
+#   rank      : 3 (local_rank: 1)
+#   exitcode  : -9 (pid: 5565)  (SIGKILL)
+AGENT_SAW = re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: -\d+ \(pid: \d+\)\s*\((SIG[A-Z0-9]+)\)")
+
+
+def agent_kills(job_dir: JobDir) -> dict[tuple[int, int], str]:
+    """(attempt, rank) -> "killed by SIGKILL (its torchrun agent's account)", from the agents' logs:
+    a worker killed without a word (the OOM killer, a person) is one its agent saw end."""
+    out = {}
+    for attempt, path in job_dir.agent_log_files(job_dir.names()):
+        with open(path, errors="replace") as log:
+            for rank, sig in AGENT_SAW.findall(log.read()[-65536:]):
+                out[(attempt, int(rank))] = f"killed by {sig} (its torchrun agent's account)"
+    return out
+
+
+def task_numbers(tasks: str) -> list[int]:
+    """srun's list of tasks ("0", "2-3", "0,2-3") as numbers."""
+    out = []
+    for part in tasks.split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (last.isdigit() or not last):
+            out.extend(range(int(first), int(last or first) + 1))
+    return out
 
 
 def scheduler_says(job_dir: JobDir) -> tuple[str, str]:
