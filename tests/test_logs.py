@@ -196,6 +196,10 @@ RESTARTED = "cluster.attempts: attempt 0 failed (exit 137; rank 2 on n2): ...\nc
          "n2", ""),
         ("srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n", TORCHRUN, 0,
          "n1", "killed by SIGTERM: sent to the job"),
+        # SLURM's words where the step's memory cgroup ran out (as users have reported them)
+        ("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0. Some of the step tasks have been OOM Killed.\n"
+         "srun: error: n2: task 3: Out Of Memory\n", {}, 3, "n2",
+         "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"),
         # after a restart, what srun said of the attempts before is theirs
         ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED, {}, 2, "n3", ""),
         ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED + "srun: error: n3: task 2: Terminated\n", {}, 2, "n3",

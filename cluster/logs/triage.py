@@ -384,7 +384,9 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None) -> SchedulerKills:
     by_words = {signal.strsignal(sig): sig for sig in signal.Signals}
     for node, tasks, words in re.findall(r"(?:(\S+): )?tasks? ([\d\-,]+): (.+)$", text, re.M):
         reason = ""
-        if (sig := by_words.get(words)) is not None:
+        if words == OUT_OF_MEMORY:
+            reason = "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"
+        elif (sig := by_words.get(words)) is not None:
             name = sig.name.removeprefix("SIG")
             why = (
                 "the spec's time-limit signal; the program has no handler" if name == spec_signal else "sent to the job"
@@ -398,6 +400,9 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None) -> SchedulerKills:
     return kills
 
 
+# srun's words for a task the kernel's OOM killer ended in the step's memory cgroup (slurmstepd
+# says "Detected 1 oom_kill event in StepId=..." before it)
+OUT_OF_MEMORY = "Out Of Memory"
 # torchrun's agent's report of a worker that died of a signal (its ChildFailedError):
 #   rank      : 3 (local_rank: 1)
 #   exitcode  : -9 (pid: 5565)  (SIGKILL)
