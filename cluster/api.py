@@ -161,7 +161,14 @@ class Job:
         """What ``cluster status --json`` prints: state, reason, restarts used and left, and the
         goodput so far (``cluster.goodput``)."""
         state = self.state()
-        status = {"job_id": self.job_id, "state": state.name, "reason": state.reason, "log_dir": str(self.job_dir)}
+        name, reason = state.name, state.reason
+        if name is None:  # SLURM forgets a job MinJobAge after its end (300 s by default)
+            name, reason = (
+                ("ENDED", "its scheduler no longer lists it: cluster logs says how it ended")
+                if state.known
+                else ("UNKNOWN", "its scheduler cannot be asked from here")
+            )
+        status = {"job_id": self.job_id, "state": name, "reason": reason, "log_dir": str(self.job_dir)}
         allowed = self.ref.job_dir.plan().get("restarts")
         if allowed:
             used = restarts_used(summary(self.ref.job_dir))

@@ -179,8 +179,14 @@ def ledger_of(
     records = job_dir.records(rank) if records is None else records
     if not records:
         return None
-    # spec.yaml is written once, at submission (a batch script writes plan.json again at each launch)
-    submitted = (job_dir.spec_file if job_dir.spec_file.exists() else job_dir.plan_file).stat().st_mtime
+    # spec.yaml is written once, at submission (a batch script writes plan.json again at each launch).
+    # A copy of the directory that did not keep the files' times (cp without -p) dates it after
+    # the ranks' first record: no file's time is the job's then, and the first rank's process
+    # start stands for the submission.
+    written = (job_dir.spec_file if job_dir.spec_file.exists() else job_dir.plan_file).stat().st_mtime
+    first = records[0].get("launched") or records[0]["time"]
+    times_kept = written <= first
+    submitted = written if times_kept else first
     built_in = plan.get("program") is None
     kit_attempts = history(job_dir)
     starts = {r["attempt"]: r["time"] for r in kit_attempts if r["event"] == "start"}
@@ -199,7 +205,7 @@ def ledger_of(
         attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
     last_record = max(r.get("time", 0) for r in records)
     if len(attempts) - 1 not in ends and not (job_is_running(job_dir) if running is None else running):
-        last_record = max(last_record, ended_by_its_log(job_dir, rank, attempts[-1]))
+        last_record = max(last_record, ended_by_its_log(job_dir, rank, attempts[-1], times_kept))
     for number, a in enumerate(attempts[:-1]):  # an attempt ends where the kit said, or at its last record
         a.ended = max(a.ended, a.last_progress or a.launched)
         if number + 1 not in starts:
@@ -235,16 +241,17 @@ def group_ledgers(job_dir: JobDir, limit: int = 8, running: bool | None = None) 
     return out
 
 
-def ended_by_its_log(job_dir: JobDir, rank: int, last: Attempt) -> float:
+def ended_by_its_log(job_dir: JobDir, rank: int, last: Attempt, times_kept: bool = True) -> float:
     """The last attempt of a job that is over, where the kit wrote no end record of it (no
     restarts): the rank's log dates its end (its last write: a stall dump, a traceback's
     last line, the exit) and tells a hang (the stall watchdog's dump) and an error; the
-    records alone stop at the last progress, and a hang's time would not be seen."""
+    records alone stop at the last progress, and a hang's time would not be seen. In a copy
+    that did not keep the files' times (``times_kept`` false), its last stamped line does."""
     logs = job_dir.rank_log_files(rank, job_dir.names())
     if not logs:
         return last.ended
     scan = scan_log(logs[-1], progress=last.last_progress)
-    last.ended = max(last.ended, scan["mtime"] or 0)
+    last.ended = max(last.ended, (scan["mtime"] if times_kept else scan["last_time"]) or 0)
     last.hang = last.hang or bool(scan["stalled"])
     last.failed = last.failed or bool(scan["error"])
     return last.ended

@@ -4,6 +4,7 @@ checked in test_local_jobs and test_slurm)."""
 import json
 import os
 import random
+import time
 
 import pytest
 
@@ -22,6 +23,7 @@ from cluster.goodput_sim import Scenario, parse_scenario, run_once, simulate
 from cluster.jobdir import JobDir
 from tests.conftest import run_module
 from train.errors import ConfigError
+from train.protocol import STAMP_FORMAT
 
 
 def test_an_uninterrupted_job_is_queue_start_up_training_and_its_parts_add_up():
@@ -179,6 +181,19 @@ def test_a_requeued_jobs_ledger_from_its_files(tmp_path):
     assert c["queued"] == 10 and first["start-up"] == 10 and "teardown" not in first
     assert first["lost work"] == 20 * 0.5 and c["restart"] == 1210 - 1082 and ledger.gpus == 4
     assert sum(c.values()) == pytest.approx(ledger.wall_s) == 380
+    assert ledger.ettr == pytest.approx((100 + 300) * 0.5 / 370)
+
+
+def test_a_copy_that_lost_its_files_times_still_has_a_ledger_from_its_records(tmp_path):
+    """cp without -p: every file written now, after the records. The queue time is not known
+    then (0); the rest is as before, where it read "0.0 % of 0.0 s"."""
+    job = requeued_job(tmp_path)
+    for name in ("spec.yaml", "plan.json"):
+        os.utime(tmp_path / name, (5000, 5000))
+    last_line = time.strftime(STAMP_FORMAT, time.localtime(1380)) + ".000 step 400\n"
+    (tmp_path / "rank_00000.log").write_text(last_line)  # written now, stamped at the end
+    ledger = ledger_of(job, running=False)
+    assert ledger.categories["queued"] == 0 and ledger.wall_s == 370
     assert ledger.ettr == pytest.approx((100 + 300) * 0.5 / 370)
 
 

@@ -6,6 +6,7 @@ root); where it cannot work (not root, no apt) these tests skip with the printed
 
 import contextlib
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -765,6 +766,12 @@ def test_the_same_failure_after_a_restart_is_deterministic_and_not_restarted_aga
     assert "deterministic failure: not restarted (the same error at the same step" in batch_log
     status = json.loads(run_module("cluster", "status", str(job_dir), "--json").stdout)
     assert status["restarts"] == {"allowed": 3, "used": 1, "left": 2}
+    # The same job as SLURM has it after MinJobAge (not listed), copied without its files' times
+    forgotten = job_dir.parent / "999999"
+    shutil.copytree(job_dir, forgotten, copy_function=shutil.copy)
+    status = json.loads(run_module("cluster", "status", str(forgotten), "--json").stdout)
+    assert status["state"] == "ENDED" and "no longer lists it" in status["reason"], status
+    assert 0 < status["goodput"]["ettr"] < 1, status
     code, report = logs_json(job_dir)
     assert [a["verdict"] for a in report["attempts"]] == ["restart", "deterministic"]
     assert f"exit {DETERMINISTIC_EXIT}" in batch_log
