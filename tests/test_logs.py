@@ -271,3 +271,31 @@ def test_a_log_without_stamps_is_searched_whole(tmp_path):
     JobDir(tmp_path).rank_log(0).write_text(TRACEBACK.format("unstamped") + "x\n" * 10000)
     rank = inspect(tmp_path, running=False).ranks[0]
     assert (rank.state, rank.error) == ("failed", "ValueError: unstamped")
+
+
+def test_follow_reads_an_attempts_last_lines_before_the_next_attempts_log(tmp_path):
+    """Between two rounds rank 1 printed its traceback and the kit restarted it (its attempt 1
+    log appeared): the traceback is shown, then the new attempt's lines; the job's end shows
+    a last line cut short (no newline)."""
+    from cluster.logs.follow import follow
+
+    log0, log1 = tmp_path / "rank_00001.log", tmp_path / "rank_00001.attempt1.log"
+    log0.write_text("step 10\n")
+    rounds = iter([
+        lambda: None,
+        lambda: (log0.open("a").write("Traceback (most recent call last):\nRuntimeError: boom\n"),
+                 log1.write_text("resumed at step 10\nstep 2")),
+        lambda: None,
+    ])  # fmt: skip
+    seen = []
+
+    def stop() -> bool:
+        step = next(rounds, None)
+        if step is None:
+            return True
+        step()
+        return False
+
+    follow(JobDir(tmp_path), [1], stop, poll_s=0, out=seen.append)
+    assert seen == ["[1] step 10", "[1] Traceback (most recent call last):", "[1] RuntimeError: boom",
+                    "[1] resumed at step 10", "[1] step 2"]  # fmt: skip

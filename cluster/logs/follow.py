@@ -3,26 +3,35 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from cluster.jobdir import JobDir
 
 
 def follow(job_dir: JobDir, ranks: list[int], stop, poll_s: float = 0.5, out=print) -> None:
-    """Merged, rank-prefixed live stream of these ranks' logs, until ``stop()`` is true."""
-    offsets: dict[Path, int] = {}
+    """Merged, rank-prefixed live stream of these ranks' logs, until ``stop()`` is true. Each
+    attempt's log in turn (a restart's, a requeue's): what a rank wrote last in one attempt,
+    its traceback, is read to the end before the next attempt's log is, not skipped for it."""
+    offsets: dict[str, int] = {}
+    finished: set[str] = set()  # read to the end after the next attempt's log appeared
     width = len(str(max(ranks, default=0)))
     while True:
-        finished = stop()  # checked before the last read, so nothing written before the end is lost
+        over = stop()  # checked before the last read, so nothing written before the end is lost
+        names = job_dir.names()  # one listing per round, not one per rank
         for rank in ranks:
-            for path in job_dir.rank_logs(rank)[-1:]:
-                with path.open("rb") as f:
+            logs = job_dir.rank_log_files(rank, names)
+            for number, path in enumerate(logs):
+                if path in finished:
+                    continue
+                done = over or number < len(logs) - 1  # over: its last line may lack a newline
+                with open(path, "rb") as f:
                     f.seek(offsets.get(path, 0))
                     data = f.read()
-                    complete = data[: data.rfind(b"\n") + 1]
-                    offsets[path] = offsets.get(path, 0) + len(complete)
-                for line in complete.decode(errors="replace").splitlines():
+                shown = data if done else data[: data.rfind(b"\n") + 1]
+                offsets[path] = offsets.get(path, 0) + len(shown)
+                for line in shown.decode(errors="replace").splitlines():
                     out(f"[{rank:>{width}}] {line}")
-        if finished:
+                if done:
+                    finished.add(path)
+        if over:
             return
         time.sleep(poll_s)
