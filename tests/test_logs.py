@@ -200,6 +200,14 @@ RESTARTED = "cluster.attempts: attempt 0 failed (exit 137; rank 2 on n2): ...\nc
         ("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0. Some of the step tasks have been OOM Killed.\n"
          "srun: error: n2: task 3: Out Of Memory\n", {}, 3, "n2",
          "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"),
+        # the whole job cancelled: by a person, or by the scheduler for a reason it gives
+        ("srun: got SIGCONT\nslurmstepd-n1: error: *** JOB 24 ON n1 CANCELLED AT 2026-11-25T20:17:56 ***\n"
+         "srun: error: n1: tasks 0-1: Terminated\n", {}, 1, "n1",
+         "cancelled at 2026-11-25T20:17:56 (scancel, or cluster cancel)"),
+        ("slurmstepd: error: *** JOB 24 ON n1 CANCELLED AT 2026-11-25T20:17:56 DUE TO PREEMPTION ***\n", {}, 0, "n1",
+         "cancelled at 2026-11-25T20:17:56 by the scheduler, due to preemption"),
+        ("cluster.controller: cancelled (SIGTERM): ending the step\n", {}, 0, "local",
+         "cancelled by cluster cancel (SIGTERM)"),
         # after a restart, what srun said of the attempts before is theirs
         ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED, {}, 2, "n3", ""),
         ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED + "srun: error: n3: task 2: Terminated\n", {}, 2, "n3",

@@ -378,6 +378,8 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None) -> SchedulerKills:
             text += said
     if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
         return SchedulerKills(job="killed at the job's time limit")
+    if cancelled := cancel_said(text):
+        return SchedulerKills(job=cancelled)
     spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
     launcher = ((plan or {}).get("program") or {}).get("launcher")
     kills = SchedulerKills(per_rank=launcher != "torchrun")
@@ -418,6 +420,25 @@ def agent_kills(job_dir: JobDir) -> dict[tuple[int, int], str]:
             for rank, sig in AGENT_SAW.findall(log.read()[-65536:]):
                 out[(attempt, int(rank))] = f"killed by {sig} (its torchrun agent's account)"
     return out
+
+
+# slurmstepd's words where the whole job was cancelled (scancel, cluster cancel, the scheduler
+# itself: "DUE TO PREEMPTION", "DUE TO NODE FAILURE"), and the local launcher's
+CANCELLED = re.compile(
+    r"\*\*\* JOB \d+ ON \S+ CANCELLED AT (\S+)(?: DUE TO ([A-Z ]+?))? \*\*\*|cancelled \((SIG[A-Z]+)\): ending the step"
+)
+
+
+def cancel_said(text: str) -> str:
+    """Why the job was cancelled, in words, where its scheduler's log says it was; "" otherwise."""
+    if (m := CANCELLED.search(text)) is None:
+        return ""
+    at, due, local = m.groups()
+    if local:
+        return f"cancelled by cluster cancel ({local})"
+    if due is None:
+        return f"cancelled at {at} (scancel, or cluster cancel)"
+    return f"cancelled at {at} by the scheduler, due to {due.lower()}"
 
 
 def task_numbers(tasks: str) -> list[int]:
