@@ -361,6 +361,32 @@ class Parser(argparse.ArgumentParser):
         return super().format_help() + "\njob spec keys (dotted overrides):\n" + help_text(JobSpec)
 
 
+def at_least(minimum: float, kind=float):
+    """An argparse type: a number no less than ``minimum`` (argparse says which flag, exit 2)."""
+
+    def parse(text: str):
+        value = kind(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid float value" for what is no number
+    return parse
+
+
+def above(minimum: float, kind=float):
+    """An argparse type: a number greater than ``minimum``."""
+
+    def parse(text: str):
+        value = kind(text)
+        if value <= minimum:
+            raise argparse.ArgumentTypeError(f"must be > {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="python -m cluster",
@@ -387,7 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run only the preflight check on the spec's allocation: every rank joins, "
         "collectives verified, bus bandwidth, /dev/shm and GPUs per node; exit 0/1",
     )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the check (queue time included)")
+    p.add_argument(
+        "--timeout", type=above(0), default=900.0, help="seconds to wait for the check (queue time included)"
+    )
     p.set_defaults(func=cmd_preflight)
     p = with_spec(
         "submit",
@@ -428,7 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value[,value...]", help="e.g. optim.lr=0.01,0.1 nodes=2")
     p.add_argument("--points", help="a YAML list of mappings (dotted key: value), one per point, instead of a grid")
     p.add_argument(
-        "--max-parallel", type=int, help="points unfinished at once (default: 1 on local/docker, all on slurm)"
+        "--max-parallel",
+        type=at_least(1, int),
+        help="points unfinished at once (default: 1 on local/docker, all on slurm)",
     )
     p.add_argument("--resume", metavar="SWEEP_DIR", help="run again the points of this sweep that did not complete")
     p.add_argument("--dry-run", action="store_true", help="print the points and what point 0 would run; run nothing")
@@ -451,11 +481,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             p.add_argument("--json", action="store_true")
         if name == "cancel":
-            p.add_argument("--grace", type=float, default=20.0, help="seconds before what is left gets SIGKILL")
+            p.add_argument("--grace", type=at_least(0), default=20.0, help="seconds before what is left gets SIGKILL")
         if name == "logs":
             p.add_argument("--json", action="store_true", help="one object: ranks, first_failure, cascade, ...")
             p.add_argument("--rank", type=int, help="print this rank's log (all attempts)")
-            p.add_argument("--tail", type=int, default=40, help="lines of --rank to print")
+            p.add_argument("--tail", type=at_least(1, int), default=40, help="lines of --rank to print")
             p.add_argument("--follow", action="store_true", help="merged, rank-prefixed live stream of all ranks")
             p.add_argument(
                 "--plot",
@@ -466,13 +496,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--mode", choices=("min", "max"), default="min", help="a sweep's best: lowest or highest")
             p.add_argument("--goodput", action="store_true",
                            help="where the job's time went, per attempt (--json: a goodput key), and the advised ckpt_every")  # fmt: skip
-            p.add_argument("--mtbf-hours", type=float,
+            p.add_argument("--mtbf-hours", type=above(0),
                            help="mean time between failures for the advice (default: 1.8 h x 16,384 GPUs / the job's)")  # fmt: skip
-            p.add_argument("--silent-after", type=float, default=300.0, help="seconds without output = silent")
-            p.add_argument("--straggler-margin", type=float, default=0.2, help="fraction above the median")
+            p.add_argument("--silent-after", type=above(0), default=300.0, help="seconds without output = silent")
+            p.add_argument("--straggler-margin", type=at_least(0), default=0.2, help="fraction above the median")
         if name == "snapshot":
             p.add_argument("--json", action="store_true", help="one object: culprits, groups, missing")
-            p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for every rank's stacks")
+            p.add_argument("--timeout", type=above(0), default=10.0, help="seconds to wait for every rank's stacks")
             p.add_argument("--native", action="store_true", help="add native frames with py-spy (needs ptrace)")
         p.set_defaults(func=func)
     return parser

@@ -52,11 +52,15 @@ class Scenario:
     failures_at: list[float] = field(default_factory=list)  # a replay: failures at these seconds of running time
 
     def validate(self, prefix: str) -> None:
-        names = [f.name for f in fields(self) if f.name not in ("mtbf_h", "failures_at", "ckpt_every")]
+        counted = ("ckpt_every", "nodes", "trials")  # at least one
+        names = [f.name for f in fields(self) if f.name not in ("mtbf_h", "failures_at", *counted)]
         require_positive(self, prefix, *names, minimum=0)
-        require_positive(self, prefix, "ckpt_every")
-        if self.step_s <= 0:
-            raise ConfigError("step_s", f"must be > 0, got {self.step_s!r}")
+        require_positive(self, prefix, *counted)
+        for name in ("step_s", "work_h", "mtbf_h"):
+            if (value := getattr(self, name)) is not None and value <= 0:
+                raise ConfigError(name, f"must be > 0, got {value!r}")
+        if self.node_loss > 1:
+            raise ConfigError("node_loss", f"a share of the failures: must be <= 1, got {self.node_loss!r}")
 
     @property
     def mtbf_s(self) -> float:

@@ -106,7 +106,10 @@ class JobDir:
         """A job directory given as a path, or by its job id under ``log_dir``; bad input
         (exit 2) when there is none."""
         if Path(job).is_dir():
-            return cls(job)
+            found = cls(job)
+            if not found.plan_file.exists() and not found.world_size():
+                raise ConfigError(job, "not a job directory of the kit: no plan.json and no rank's file in it")
+            return found
         matches = sorted(Path(log_dir).glob(f"*/{job}"))
         if not matches:
             raise ConfigError(job, f"no job directory {job!r} (looked for {log_dir}/*/{job}; pass a path or --log-dir)")

@@ -9,6 +9,7 @@ from cluster.logs.scan import parse_traceback
 from cluster.logs.text import format_report
 from cluster.logs.triage import forked_map, inspect
 from cluster.stacks import compress
+from tests.conftest import run_module
 from tests.support.synthetic import START, make_job, stamp
 
 
@@ -307,3 +308,28 @@ def test_follow_reads_an_attempts_last_lines_before_the_next_attempts_log(tmp_pa
     follow(JobDir(tmp_path), [1], stop, poll_s=0, out=seen.append)
     assert seen == ["[1] step 10", "[1] Traceback (most recent call last):", "[1] RuntimeError: boom",
                     "[1] resumed at step 10", "[1] step 2"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, names",
+    [
+        (["logs", "{job}", "--goodput", "--mtbf-hours", "-3"], ["--mtbf-hours", "must be > 0"]),
+        (["logs", "{job}", "--rank", "0", "--tail", "0"], ["--tail", "must be >= 1"]),
+        (["cancel", "{job}", "--grace", "-1"], ["--grace"]),
+        (["snapshot", "{job}", "--timeout", "0"], ["--timeout"]),
+        (["logs", "{empty}"], ["not a job directory of the kit"]),
+        (["status", "{empty}"], ["not a job directory of the kit"]),
+        (["goodput", "--simulate", "nodes=0"], ["nodes", "must be >= 1"]),
+        (["goodput", "--simulate", "mtbf_h=-1"], ["mtbf_h", "must be > 0"]),
+        (["goodput", "--simulate", "node_loss=2"], ["node_loss"]),
+    ],
+)
+def test_bad_numbers_and_directories_exit_2_naming_them(args, names, tmp_path):
+    """Where a negative MTBF was a traceback (math domain error) and a directory that is no
+    job's an empty report with exit 0."""
+    job = tmp_path / "job" / "12"
+    make_job(job, world=2, lines=5)
+    (tmp_path / "empty").mkdir()
+    done = run_module("cluster", *(a.format(job=job, empty=tmp_path / "empty") for a in args))
+    assert done.returncode == 2 and all(n in done.stderr for n in names), done.stderr
+    assert "Traceback" not in done.stderr
