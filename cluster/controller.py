@@ -209,11 +209,16 @@ class Controller:
     def run_step(self, step: dict) -> int:
         self.say(f"step {step['name']}: {sum(t['node'] == self.node for t in step['tasks'])} task(s)")
         self.start(step)
-        failed = None
+        failed, said = None, set()
+        first = self.node * len(self.procs)  # srun's number of this node's first task
 
         def settled() -> bool:
             nonlocal failed
             codes = self.exit_codes()
+            for i, code in enumerate(codes):  # as srun says a task's end by a signal: "task 2: Killed"
+                if code is not None and code < 0 and i not in said:
+                    said.add(i)
+                    self.say(f"{self.unit_name} {first + i}: {signal.strsignal(-code)}")
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad and failed is None:
                 failed = bad[0]
