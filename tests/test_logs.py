@@ -216,7 +216,7 @@ RESTARTED = "cluster.attempts: attempt 0 failed (exit 137; rank 2 on n2): ...\nc
     ],
 )  # fmt: skip
 def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, rank, node, want, tmp_path):
-    from cluster.logs.triage import scheduler_kill
+    from cluster.logs.kills import scheduler_kill
 
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
@@ -238,7 +238,7 @@ Root Cause (first observed failure):
 def test_a_torchrun_worker_killed_without_a_word_is_named_by_its_agents_account(tmp_path):
     """srun saw the agent of n2 exit 1 (not a signal): the agent's own report of attempt 1
     says its worker, rank 3, died of SIGKILL; attempt 0's ranks are not concerned."""
-    from cluster.logs.triage import scheduler_kill
+    from cluster.logs.kills import scheduler_kill
 
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
