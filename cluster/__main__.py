@@ -361,29 +361,17 @@ class Parser(argparse.ArgumentParser):
         return super().format_help() + "\njob spec keys (dotted overrides):\n" + help_text(JobSpec)
 
 
-def at_least(minimum: float, kind=float):
-    """An argparse type: a number no less than ``minimum`` (argparse says which flag, exit 2)."""
+def at_least(minimum: float, kind=float, strictly: bool = False):
+    """An argparse type: a number no less than ``minimum`` (``strictly``: greater than it);
+    argparse names the flag of one that is not (exit 2)."""
 
     def parse(text: str):
         value = kind(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum:g}, got {text}")
+        if value < minimum or (strictly and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strictly else '>='} {minimum:g}, got {text}")
         return value
 
     parse.__name__ = kind.__name__  # argparse's "invalid float value" for what is no number
-    return parse
-
-
-def above(minimum: float, kind=float):
-    """An argparse type: a number greater than ``minimum``."""
-
-    def parse(text: str):
-        value = kind(text)
-        if value <= minimum:
-            raise argparse.ArgumentTypeError(f"must be > {minimum:g}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
     return parse
 
 
@@ -414,7 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
         "collectives verified, bus bandwidth, /dev/shm and GPUs per node; exit 0/1",
     )
     p.add_argument(
-        "--timeout", type=above(0), default=900.0, help="seconds to wait for the check (queue time included)"
+        "--timeout",
+        type=at_least(0, strictly=True),
+        default=900.0,
+        help="seconds to wait for the check (queue time included)",
     )
     p.set_defaults(func=cmd_preflight)
     p = with_spec(
@@ -496,13 +487,20 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--mode", choices=("min", "max"), default="min", help="a sweep's best: lowest or highest")
             p.add_argument("--goodput", action="store_true",
                            help="where the job's time went, per attempt (--json: a goodput key), and the advised ckpt_every")  # fmt: skip
-            p.add_argument("--mtbf-hours", type=above(0),
+            p.add_argument("--mtbf-hours", type=at_least(0, strictly=True),
                            help="mean time between failures for the advice (default: 1.8 h x 16,384 GPUs / the job's)")  # fmt: skip
-            p.add_argument("--silent-after", type=above(0), default=300.0, help="seconds without output = silent")
+            p.add_argument(
+                "--silent-after", type=at_least(0, strictly=True), default=300.0, help="seconds without output = silent"
+            )
             p.add_argument("--straggler-margin", type=at_least(0), default=0.2, help="fraction above the median")
         if name == "snapshot":
             p.add_argument("--json", action="store_true", help="one object: culprits, groups, missing")
-            p.add_argument("--timeout", type=above(0), default=10.0, help="seconds to wait for every rank's stacks")
+            p.add_argument(
+                "--timeout",
+                type=at_least(0, strictly=True),
+                default=10.0,
+                help="seconds to wait for every rank's stacks",
+            )
             p.add_argument("--native", action="store_true", help="add native frames with py-spy (needs ptrace)")
         p.set_defaults(func=func)
     return parser

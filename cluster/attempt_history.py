@@ -13,7 +13,7 @@ from train.protocol import read_records
 
 # What cluster.attempts says goes to the batch script's output (slurm-<id>.log), each line
 # prefixed; before each restart it says "restart N of M ...": srun's words about the tasks of
-# the attempt running now come after the last such line (``cluster.logs.triage.scheduler_kill``).
+# the attempt running now come after the last such line (``cluster.logs.kills.scheduler_kill``).
 SAY_PREFIX = "cluster.attempts: "
 RESTART_SAID = SAY_PREFIX + "restart "
 
