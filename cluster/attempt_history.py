@@ -77,6 +77,7 @@ def format_attempts(attempts: list[dict], restarts: int, last: str = "the last o
             "restart": "restarted",
             "requeued": "requeued by SLURM",
             "deterministic": "deterministic failure: not restarted",
+            "time_near": "not restarted, the time limit near",
         }.get(a["verdict"], "not restarted")
         extra = []
         if a.get("recomputed_steps") is not None:

@@ -14,7 +14,8 @@ asks between attempts. It runs on the batch node, in the job's environment.
     a hang's culprit, or the ranks that never joined the attempt's preflight), records it, and
     prints the next attempt the same way: the culprit's node is replaced by a spare when one is
     left, or left out when ``min_nodes`` allows fewer nodes. Exits instead (the job's exit
-    code) when the failure is deterministic (``DETERMINISTIC_EXIT``) or no restart is left.
+    code) when the failure is deterministic (``DETERMINISTIC_EXIT``), no restart is left, or
+    the time limit is nearer than a restart needs (requeued when the spec says ``requeue``).
 
 Each attempt's start and end go to ``attempts.jsonl`` in the job directory, for
 ``cluster logs`` and ``cluster status``: the nodes, why it ended, the culprit, the node
@@ -31,8 +32,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
+
+import yaml
 
 from cluster.attempt_history import SAY_PREFIX, append, history, restarts_used
+from cluster.backends.slurm import SlurmBackend, slurm_job
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
 from cluster.poll import wait_until
@@ -41,6 +46,7 @@ from train.protocol import (
     latest_checkpoint_step,
     never_joined,
     never_joined_message,
+    parse_time_limit_signal,
 )
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
@@ -57,7 +63,7 @@ GUARD_POLL_S = 5.0  # one sinfo call per job every 5 s: SLURM itself takes Slurm
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: str  # restart, deterministic, exhausted, no_nodes
+    verdict: str  # restart, deterministic, exhausted, no_nodes, time_near
     why: str
     nodes: tuple[str, ...] = ()  # the next attempt's
     excluded: tuple[tuple[str, str], ...] = ()  # (node, why) left out from now on
@@ -72,6 +78,8 @@ def decide(
     restarts: int,
     down: set[str] = frozenset(),
     min_nodes: int = 0,
+    time_left_s: float | None = None,
+    restart_needs_s: float = 0.0,
 ) -> Decision:
     """What follows an attempt that failed. Pure.
 
@@ -79,7 +87,8 @@ def decide(
     ``step``, ``node`` of the culprit, ``suspects``: several nodes); ``allocation``: every node
     of the job, spares included, in SLURM's order; ``nodes``: this attempt's; ``down``: nodes
     SLURM reports down; ``min_nodes``: the fewest nodes the job may go on with (0: as many as
-    this attempt)."""
+    this attempt); ``time_left_s``: to the job's time limit (None: none), ``restart_needs_s``:
+    what a restart needs before it could save (``restart_needs``)."""
     error = failure.get("error") or ""
     if exit_code == CONFIG_EXIT or NOT_RESTARTABLE.search(error):
         return Decision("deterministic", f"no restart mends it: {error or f'exit code {exit_code}'}")
@@ -95,6 +104,14 @@ def decide(
         return Decision("deterministic", "non-finite again after resuming from the last finite checkpoint")
     if restarts_used(ended) >= restarts:
         return Decision("exhausted", f"all {restarts} restart(s) used")
+    if time_left_s is not None and time_left_s < restart_needs_s:
+        # The time-limit signal came, or would before the next attempt could save: it may have
+        # come while no attempt ran, and then no rank saved (a second fault during recovery).
+        return Decision(
+            "time_near",
+            f"{time_left_s:.0f} s left before the time limit, less than a restart needs "
+            f"({restart_needs_s:.0f} s: the time-limit signal's lead, a start-up, SLURM's minute of slack)",
+        )
     excluded = {e_node for e in ended for e_node, _ in e.get("excluded", [])}
     bad = [(n, "SLURM reports it down") for n in nodes if n in down]
     why = f"the culprit's node: rank {failure.get('rank')}, {error[:120]}"
@@ -245,12 +262,15 @@ def next_attempt(job_dir: JobDir, exit_code: int, say=print) -> tuple[int, str]:
     allocation = allocation_nodes()
     failure = the_failure(job_dir, current)
     down = down_nodes(allocation)
-    decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down, min_nodes)
+    spec = yaml.safe_load(job_dir.spec_file.read_text()) if job_dir.spec_file.exists() else {}
+    left, needs = time_left_s(job_dir.job_id), restart_needs(spec, current, job_dir.records(0))
+    decision = decide(ended, failure, exit_code, allocation, current["nodes"], restarts, down, min_nodes, left, needs)
     checkpoint = latest_checkpoint_step(job_dir.path)
     append(job_dir, {
         "event": "end", "attempt": current["attempt"], "nodes": current["nodes"], "exit_code": exit_code,
         **failure, "checkpoint": checkpoint, "verdict": decision.verdict, "why": decision.why,
         "excluded": [list(pair) for pair in decision.excluded],
+        "time_left_s": None if left is None else round(left), "restart_needs_s": round(needs),
     })  # fmt: skip
     culprit = f"rank {failure['rank']} on {failure['node']}" if failure["rank"] is not None else "no rank named"
     say(f"attempt {current['attempt']} failed (exit {exit_code}; {culprit}): {failure['error'][:200]}")
@@ -259,6 +279,9 @@ def next_attempt(job_dir: JobDir, exit_code: int, say=print) -> tuple[int, str]:
         return DETERMINISTIC_EXIT, ""
     if decision.verdict != "restart":
         say(f"not restarted: {decision.why}")
+        if decision.verdict == "time_near" and spec.get("requeue"):  # the next allocation resumes
+            say(f"requeueing job {job_dir.job_id} (spec requeue): the next allocation resumes from the last checkpoint")
+            subprocess.run(["scontrol", "requeue", job_dir.job_id], check=False)
         return exit_code or 1, ""
     for node, why in decision.excluded:
         say(f"excluded {node}: {why}")
@@ -270,6 +293,23 @@ def next_attempt(job_dir: JobDir, exit_code: int, say=print) -> tuple[int, str]:
         resume = "(your program resumes from its own checkpoint, if it keeps one)"
     say(f"restart {restarts_used(ended) + 1} of {restarts} on {','.join(decision.nodes)} {resume}: {decision.why}")
     return 0, begin(job_dir, current["attempt"] + 1, decision.nodes)
+
+
+def time_left_s(job_id: str) -> float | None:
+    """Seconds to the job's time limit, from SLURM's EndTime; None where it has none."""
+    try:
+        return datetime.fromisoformat(slurm_job(job_id).get("EndTime", "")).timestamp() - time.time()
+    except ValueError:  # Unknown: no time limit
+        return None
+
+
+def restart_needs(spec: dict, attempt: dict, rank0_records: list[dict]) -> float:
+    """What a restart needs before it could save (pure): the time-limit signal's lead (it comes
+    then), a start-up as long as the attempt's that just ended (its start to rank 0's first
+    step), and the minute SLURM may send the signal early."""
+    lead = parse_time_limit_signal(spec["signal"])[1] if spec.get("signal") else 0
+    first = [r["time"] for r in rank0_records if r.get("event") == "first_step" and r["time"] >= attempt["time"]]
+    return lead + (first[0] - attempt["time"] if first else 0.0) + SlurmBackend.signal_early_s
 
 
 def batch_node_lost(state: str, silent_s: float, slurmd_timeout_s: float) -> bool:

@@ -13,6 +13,7 @@ from cluster.attempts import (
     batch_node_lost,
     decide,
     nodes_in,
+    restart_needs,
     the_failure,
 )
 from cluster.jobdir import JobDir
@@ -69,6 +70,29 @@ def test_what_follows_a_failed_attempt(history, failure, exit_code, nodes, down,
     decision = decide(history, failure, exit_code, ALLOC, nodes, restarts=2, down=down)
     assert isinstance(decision, Decision)
     assert (decision.verdict, decision.nodes, tuple(n for n, _ in decision.excluded)) == want, decision.why
+
+
+@pytest.mark.parametrize(
+    "left, needs, want",
+    [
+        (3000.0, 200.0, "restart"),
+        (None, 200.0, "restart"),  # no time limit
+        # The time-limit signal came while no attempt ran, or would before the next could save
+        (150.0, 200.0, "time_near"),
+    ],
+)
+def test_no_restart_when_the_time_limit_is_nearer_than_what_a_restart_needs(left, needs, want):
+    decision = decide([], CRASH, 1, ALLOC, ["n1", "n2"], restarts=2, time_left_s=left, restart_needs_s=needs)
+    assert decision.verdict == want, decision.why
+    if want == "time_near":
+        assert decision.why.startswith("150 s left before the time limit, less than a restart needs (200 s")
+
+
+def test_what_a_restart_needs_is_the_signals_lead_a_start_up_and_slurms_minute():
+    attempt = {"attempt": 1, "time": 1000.0}
+    records = [{"event": "first_step", "time": 900.0}, {"event": "first_step", "time": 1025.0}]  # attempt 0's, then 1's
+    assert restart_needs({"signal": "USR1@120"}, attempt, records) == 120 + 25 + 60
+    assert restart_needs({"signal": ""}, attempt, []) == 60  # no signal, no first step yet
 
 
 @pytest.mark.parametrize(

@@ -756,6 +756,49 @@ def test_with_no_spare_left_the_job_goes_on_with_fewer_nodes_and_the_same_loss(t
         assert final[key] == pytest.approx(straight[key], rel=rel)
 
 
+SLOW_FIRST_START = """
+import os, sys, time
+if sys.orig_argv[3:4] == ["train"] and os.environ.get("KIT_ATTEMPT") == "0":
+    time.sleep(30)  # the ranks of attempt 0 take 30 s more to start (a slow file system, say)
+"""
+
+
+def test_a_failure_nearer_the_time_limit_than_a_restart_needs_is_not_restarted(tmp_path):
+    """A fault while the time limit nears: the time-limit signal may have come while no attempt
+    ran (no rank saved), or would come before the next attempt could save. Attempt 0 took 30 s
+    more to start (a sitecustomize sleeps in its ranks); once it trains, the job's limit is
+    brought to 80 s from now (scontrol update) and rank 2 is killed: a restart needs a start-up
+    as long (35 s or more) and the minute SLURM may signal early, more than what is left, so
+    the kit starts none and says why; the job ends by itself before its limit."""
+    from cluster.backends.slurm import slurm_job
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_FIRST_START)
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
+                          "train.log_every=20", "restarts=2", "spare_nodes=1", "requeue=false", "signal=",
+                          f"env.PYTHONPATH={hook}", wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_id = info["job_id"]
+    job_dir = tmp_path / "multi-node" / job_id
+    try:
+        start = wait_for_step(job_dir, 2, 20, timeout=300)
+        run_s = sum(int(x) * 60**i for i, x in enumerate(reversed(slurm_job(job_id)["RunTime"].split(":"))))
+        limit_s = run_s + 80
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit_s // 60}:{limit_s % 60:02d}"],
+                       check=True)  # fmt: skip
+        kill_rank(start)
+    finally:
+        state = ended_by_itself(job_id)
+    assert state in ("FAILED", "GONE"), state
+    code, report = logs_json(job_dir)
+    (attempt,) = report["attempts"]
+    assert attempt["verdict"] == "time_near" and attempt["time_left_s"] < attempt["restart_needs_s"], attempt
+    batch_log = (tmp_path / "multi-node" / f"slurm-{job_id}.log").read_text()
+    assert "not restarted: " in batch_log and "left before the time limit" in batch_log, batch_log[-2000:]
+    assert "TIME LIMIT" not in batch_log  # it ended by itself, before its limit
+
+
 def test_the_same_failure_after_a_restart_is_deterministic_and_not_restarted_again(tmp_path):
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=60",
                           "train.log_every=10", "train.ckpt_every=10", "restarts=3",
