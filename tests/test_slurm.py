@@ -759,17 +759,18 @@ def test_with_no_spare_left_the_job_goes_on_with_fewer_nodes_and_the_same_loss(t
 SLOW_FIRST_START = """
 import os, sys, time
 if sys.orig_argv[3:4] == ["train"] and os.environ.get("KIT_ATTEMPT") == "0":
-    time.sleep(30)  # the ranks of attempt 0 take 30 s more to start (a slow file system, say)
+    time.sleep(40)  # the ranks of attempt 0 take 40 s more to start (a slow file system, say)
 """
 
 
 def test_a_failure_nearer_the_time_limit_than_a_restart_needs_is_not_restarted(tmp_path):
     """A fault while the time limit nears: the time-limit signal may have come while no attempt
-    ran (no rank saved), or would come before the next attempt could save. Attempt 0 took 30 s
+    ran (no rank saved), or would come before the next attempt could save. Attempt 0 took 40 s
     more to start (a sitecustomize sleeps in its ranks); once it trains, the job's limit is
-    brought to 80 s from now (scontrol update) and rank 2 is killed: a restart needs a start-up
-    as long (35 s or more) and the minute SLURM may signal early, more than what is left, so
-    the kit starts none and says why; the job ends by itself before its limit."""
+    brought to 40-100 s from now (scontrol update: SLURM keeps whole minutes) and rank 2 is
+    killed: a restart needs a start-up as long (43 s or more) and the minute SLURM may signal
+    early, more than what is left, so the kit starts none and says why; the job ends by itself
+    before its limit."""
     from cluster.backends.slurm import slurm_job
 
     hook = tmp_path / "hook"
@@ -784,12 +785,14 @@ def test_a_failure_nearer_the_time_limit_than_a_restart_needs_is_not_restarted(t
     try:
         start = wait_for_step(job_dir, 2, 20, timeout=300)
         run_s = sum(int(x) * 60**i for i, x in enumerate(reversed(slurm_job(job_id)["RunTime"].split(":"))))
-        limit_s = run_s + 80
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={limit_s // 60}:{limit_s % 60:02d}"],
-                       check=True)  # fmt: skip
+        minutes = -(-(run_s + 40) // 60)  # at least 40 s from now, less than 100
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"], check=True)
         kill_rank(start)
     finally:
-        state = ended_by_itself(job_id)
+        try:
+            state = wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "GONE"), timeout=300)
+        finally:
+            subprocess.run(["scancel", job_id], check=False)
     assert state in ("FAILED", "GONE"), state
     code, report = logs_json(job_dir)
     (attempt,) = report["attempts"]
