@@ -34,14 +34,14 @@ class SchedulerKills:
         return self.nodes.get(node_name or "", "") or self.agents.get((attempt, rank), "")
 
 
-def scheduler_kill(job_dir: JobDir, plan: dict | None) -> SchedulerKills:
+def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str] | None = None) -> SchedulerKills:
     """Why the scheduler ended the ranks of the attempt that ran last, where its log says so:
     the time limit, or a signal that killed a task (srun: "n2: tasks 2-3: User defined signal
     1"), named, and said to be the spec's time-limit signal when it is. A task srun saw exit
     with a code, or did not name, was not killed by it (a rank SIGKILLed by the OOM killer is
     one srun says "Killed" of; its peers, "Terminated" by srun after it, are theirs). The
     batch script's output holds every attempt of a job that restarts: what precedes the last
-    restart is of attempts before."""
+    restart is of attempts before. ``names``: the directory's listing, where one was made."""
     text = ""
     for path in job_dir.scheduler_logs():
         if path.exists():
@@ -71,7 +71,7 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None) -> SchedulerKills:
         for task in task_numbers(tasks):
             kills.tasks[task] = reason
     if not kills.per_rank:
-        kills.agents = agent_kills(job_dir)
+        kills.agents = agent_kills(job_dir, job_dir.names() if names is None else names)
     return kills
 
 
@@ -84,11 +84,11 @@ OUT_OF_MEMORY = "Out Of Memory"
 AGENT_SAW = re.compile(r"rank\s*: (\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*: -\d+ \(pid: \d+\)\s*\((SIG[A-Z0-9]+)\)")
 
 
-def agent_kills(job_dir: JobDir) -> dict[tuple[int, int], str]:
+def agent_kills(job_dir: JobDir, names: set[str]) -> dict[tuple[int, int], str]:
     """(attempt, rank) -> "killed by SIGKILL (its torchrun agent's account)", from the agents' logs:
     a worker killed without a word (the OOM killer, a person) is one its agent saw end."""
     out = {}
-    for attempt, path in job_dir.agent_log_files(job_dir.names()):
+    for attempt, path in job_dir.agent_log_files(names):
         with open(path, errors="replace") as log:
             for rank, sig in AGENT_SAW.findall(log.read()[-65536:]):
                 out[(attempt, int(rank))] = f"killed by {sig} (its torchrun agent's account)"

@@ -142,7 +142,7 @@ def inspect(
     ranks = [(rank, slots.get(rank, {})) for rank in range(world)]
     program = (plan or {}).get("program") or {}
     require_progress = bool(program.get("require_progress"))
-    killed_by = SchedulerKills() if running else scheduler_kill(job_dir, plan)
+    killed_by = SchedulerKills() if running else scheduler_kill(job_dir, plan, names)
     rank_state = functools.partial(
         rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by, step_times
     )
