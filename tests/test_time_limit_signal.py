@@ -3,8 +3,16 @@ as SLURM does (to every process of the step, once, that many seconds before the 
 it never kills a rank that did not ask for it, in both launch modes. The SLURM side is in
 test_slurm.py (``test_the_time_limit_signal_in_every_launch_mode``)."""
 
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from cluster.poll import wait_until
+from tests.conftest import ROOT, free_port
 from tests.jobs_helpers import logs_json, submit, wait_for_line
 from train.protocol import latest_checkpoint_step, read_records
 
@@ -25,6 +33,49 @@ def test_the_built_in_trainer_checkpoints_at_the_signal_without_ckpt_every(tmp_p
     _, report = logs_json(job_dir)
     assert [r["state"] for r in report["ranks"]] == ["preempted", "preempted"] and report["first_failure"] is None
     assert "User defined signal" not in (job_dir / "controller.log").read_text()
+
+
+def listening(pid: int, port: int) -> bool:
+    """Whether a socket in ``pid``'s network namespace listens on ``port`` (read from /proc:
+    no connection that the listener would see)."""
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if state == "0A" and local.endswith(f":{port:04X}"):
+                return True
+    return False
+
+
+def test_the_signal_during_start_up_is_kept_for_the_first_chance_to_save(tmp_path):
+    """The signal can come while a rank starts (SLURM sends it up to 60 s early; a requeued job
+    with a short limit gets it as it starts; torch's import alone takes seconds on a loaded
+    node): rank 0 gets it while it waits for rank 1 in the process group's rendezvous, before
+    the training loop exists, and still saves at its first log step and stops, preempted."""
+    port = free_port()
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+
+    def rank(r: int) -> subprocess.Popen:
+        args = ["parallel.strategy=ddp", "train.steps=100000", "train.log_every=10", f"train.run_dir={tmp_path}"]
+        return subprocess.Popen([sys.executable, "-P", "-m", "train", *args], cwd=ROOT, text=True,
+                                env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+
+    ranks = [rank(0)]
+    try:
+        wait_until(lambda: listening(ranks[0].pid, port), 120, "rank 0's rendezvous to listen")
+        ranks[0].send_signal(signal.SIGUSR1)
+        ranks.append(rank(1))
+        out = []
+        for p in ranks:  # rank 0 first: killed by the signal, it would leave rank 1 waiting
+            out.append(p.communicate(timeout=240)[0])
+            assert p.returncode == 0, out
+    finally:
+        for p in ranks:
+            p.kill()  # no-op for a process that ended
+    assert "preemption signal (SIGUSR1): checkpoint saved at step 10" in out[0], out[0]
+    assert [r["step"] for r in read_records(tmp_path / "rank_00001.jsonl") if r["event"] == "preempted"] == [10]
+    assert latest_checkpoint_step(tmp_path) == 10
 
 
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])

@@ -5,7 +5,7 @@ signal and start-up tests:
 With ``--hang-rank R``, rank R loops forever before its first step (like a data loader that
 never yields) while the others wait for it in backward's all_reduce.
 
-With ``--handle`` it installs its own SIGUSR1 handler (counting the signals it gets), finishes
+With ``--handle`` it installs its own SIGUSR1 handler first thing (counting the signals it gets), finishes
 the step it is in (each ``--step-s`` long: a large model, a slow save), saves ``--ckpt``, asks
 SLURM to requeue the job (rank 0, under SLURM) and exits 0; the next attempt resumes from the
 file. Without it, it trains on until ``--stop-file`` exists (or until it is killed)."""
@@ -14,10 +14,16 @@ import argparse
 import os
 import signal
 import subprocess
+import sys
 import time
 
-import torch
-import torch.distributed as dist
+GOT: list[float] = []  # the SIGUSR1s that came (with --handle)
+if "--handle" in sys.argv:
+    # Before torch's import, which takes seconds on a loaded machine: the signal can come then.
+    signal.signal(signal.SIGUSR1, lambda signum, frame: GOT.append(time.time()))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 
 def main() -> None:
@@ -38,9 +44,6 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         step = state["step"]
         print(f"rank {rank}: resumed from {args.ckpt} at step {step}", flush=True)
-    got: list[float] = []
-    if args.handle:
-        signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(time.time()))
     while rank == args.hang_rank:
         time.sleep(0.1)  # the script's own loop, before its first step: in no collective
     while True:
@@ -53,14 +56,14 @@ def main() -> None:
         if step % 10 == 0 or args.step_s:
             print(f"rank {rank}: step {step}", flush=True)
         stop = bool(args.stop_file) and os.path.exists(args.stop_file)
-        flags = torch.tensor([1.0 if got else 0.0, 1.0 if stop else 0.0])
+        flags = torch.tensor([1.0 if GOT else 0.0, 1.0 if stop else 0.0])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every rank stops at the same step, for either
         if flags[0].item():
             if rank == 0:
                 torch.save({"model": model.module.state_dict(), "step": step}, args.ckpt + ".tmp")
                 os.replace(args.ckpt + ".tmp", args.ckpt)
             dist.barrier()
-            print(f"rank {rank}: got SIGUSR1 {len(got)} time(s); saved at step {step}", flush=True)
+            print(f"rank {rank}: got SIGUSR1 {len(GOT)} time(s); saved at step {step}", flush=True)
             if rank == 0 and os.environ.get("SLURM_JOB_ID"):
                 subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
                 print("rank 0: requeued", flush=True)

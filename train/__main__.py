@@ -14,6 +14,7 @@ import sys
 from train.config import Config, ConfigError, help_text, load
 from train.errors import RankFailed
 from train.output import leave
+from train.preempt import armed
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         cfg = load(Config, args.config, args.overrides)
+        armed(cfg.train.preempt_signal)  # before the seconds of start-up below, where the signal can come
         from train.runner import run_rank  # torch is imported only once the config is valid
 
         run_rank(cfg, rank_log=args.rank_log, timestamps=args.timestamps or args.rank_log)

@@ -23,7 +23,7 @@ from train.model import build_mlp, parameter_count
 from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
-from train.preempt import PreemptFlag
+from train.preempt import armed
 from train.protocol import CHECKPOINTS, RecordWriter
 
 NON_FINITE_HINT = "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
@@ -177,7 +177,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         say(f"resumed from {resume} (step {start})")
         writer.write("resume", step=start, path=str(resume), from_world_size=saved_world)
     layout = asdict(ctx.dims)  # kept in checkpoints: a resume on another layout checks against it
-    preempt = PreemptFlag(t.preempt_signal)
+    preempt = armed(t.preempt_signal)  # armed already by python -m train: what came in start-up counts
     progress = Progress(ctx.device, t.batch_size)
     record: dict = {}
     finite: tuple[int, float] | None = None  # the last logged step with a finite loss
@@ -251,7 +251,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             say(format_line(record, t.steps))
             if t.stop_on_nonfinite:
                 finite = check_finite(record, env.rank, finite)
-            if not last and preempt.agreed(env.distributed, ctx.device):
+            if not last and on_any_rank(preempt.raised, env.distributed, ctx.device):
                 if not t.ckpt_every or step % t.ckpt_every:
                     save(step)
                 record["preempted"] = True
@@ -287,6 +287,16 @@ def state_is_finite(progress: Progress, trainable: Trainable, distributed: bool)
     if distributed:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def on_any_rank(flag: bool, distributed: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any (a rank that got the signal late still
+    stops with the others)."""
+    if not distributed:
+        return flag
+    agreed = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return bool(agreed.item())
 
 
 def check_finite(record: dict, rank: int, finite: tuple[int, float] | None) -> tuple[int, float] | None:

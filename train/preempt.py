@@ -8,6 +8,11 @@ the next log interval, where ranks already meet, they agree on the flag with one
 all_reduce (a rank that got the signal late still stops with the others), all save a
 checkpoint, and the job is requeued when ``train.requeue`` says so; the next attempt resumes
 from it.
+
+No torch here: ``python -m train`` arms the flag first thing, before torch's import. A rank's
+start-up (the import, the process group, a checkpoint's load) takes seconds, more on a loaded
+node, and the signal can come then (SLURM sends it up to 60 s early; a requeued job with a
+short limit gets it as it starts): unarmed, its default action would kill the rank unsaved.
 """
 
 from __future__ import annotations
@@ -15,29 +20,30 @@ from __future__ import annotations
 import signal
 import subprocess
 
-import torch
-import torch.distributed as dist
-
 from train.dist_env import DistEnv
 from train.protocol import parse_time_limit_signal
 
 
 class PreemptFlag:
-    def __init__(self, name: str) -> None:
+    def __init__(self, sig: signal.Signals) -> None:
         self.raised = False
-        self.signal = parse_time_limit_signal(name)[0]
-        signal.signal(self.signal, self._handler)
+        self.signal = sig
+        signal.signal(sig, self._handler)
 
     def _handler(self, signum, frame) -> None:
         self.raised = True
 
-    def agreed(self, distributed: bool, device: torch.device) -> bool:
-        """True on every rank when any rank got the signal."""
-        if not distributed:
-            return self.raised
-        flag = torch.tensor([1.0 if self.raised else 0.0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+
+_ARMED: dict[signal.Signals, PreemptFlag] = {}  # a signal's handler is the process's: one flag each
+
+
+def armed(name: str) -> PreemptFlag:
+    """The flag of the time-limit signal ``name`` (USR1), armed by the first call: a later
+    call (the training loop's) gets the same flag, with what came since."""
+    sig = parse_time_limit_signal(name)[0]
+    if sig not in _ARMED:
+        _ARMED[sig] = PreemptFlag(sig)
+    return _ARMED[sig]
 
 
 def requeue(env: DistEnv) -> str:
