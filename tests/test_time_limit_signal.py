@@ -112,6 +112,36 @@ def test_a_script_without_a_handler_runs_on_and_the_shim_says_the_signal_came(la
     assert [r["state"] for r in report["ranks"]] == ["completed", "completed"], report
 
 
+# A command that says each SIGUSR1 it gets, with its sender, until its stop file exists.
+COUNTER = """import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # taken one at a time below
+while not os.path.exists(sys.argv[1]):
+    if (info := signal.sigtimedwait([signal.SIGUSR1], 0.1)) is not None:
+        print(f"SIGUSR1 from pid {info.si_pid}", flush=True)
+"""
+
+
+def test_a_command_gets_the_signal_once(tmp_path):
+    """A ``command:`` program gets the signal from the launcher, as every process of the step
+    does; the shim says it came and does not pass it on (it did: the command got it twice)."""
+    counter, stop = tmp_path / "counter", tmp_path / "stop"
+    counter.write_text(f"#!{sys.executable}\n{COUNTER}")
+    counter.chmod(0o755)
+    result, info = submit("jobs/cnn.yaml", tmp_path, *LOCAL, *SOON, "program.script=", f"program.command={counter}",
+                          f'program.args=["{stop}"]', wait=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    logs = [job_dir / f"rank_{rank:05d}.log" for rank in (0, 1)]
+    for log in logs:
+        wait_for_line(log, "SIGUSR1 from pid", timeout=120)
+        wait_for_line(log, "shim: SIGUSR1 came", timeout=60)
+    stop.touch()  # no second signal can be on its way: the launcher sends it once, the shim not at all
+    wait_for_line(job_dir / "controller.log", "job ended", timeout=120)
+    assert "job ended: exit 0" in (job_dir / "controller.log").read_text()
+    for log in logs:
+        assert log.read_text().count("SIGUSR1 from pid") == 1, log.read_text()
+
+
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
 def test_a_rank_hung_before_its_first_step_is_stopped_by_the_start_up_limit_and_named(launcher, tmp_path):
     """Rank 1 loops in the script's own code before its first step; rank 0 waits for it in

@@ -25,7 +25,8 @@ Python programs run in this process, as ``python script.py`` or ``python -m modu
 them (``sys.argv``, ``sys.path[0]``, ``__main__``). The kit's own packages (``train``,
 ``cluster``) are dropped from ``sys.modules`` before: a user's ``train.py`` is the user's. A
 ``command`` (any executable) runs as a child whose output is timestamped line by line and
-which gets the signals the rank gets; its progress cannot be seen.
+which gets the signals the rank gets (the time-limit signal from the scheduler alone, once);
+its progress cannot be seen.
 """
 
 from __future__ import annotations
@@ -137,10 +138,13 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=l
 
 
 def run_command(command: str, args: list[str], time_limit: signal.Signals | None) -> int:
-    """A child process: its lines stamped as they come, the rank's signals passed on (the
-    time-limit signal too: whether a command handles it cannot be seen from here)."""
+    """A child process: its lines stamped as they come, the rank's signals passed on. Not the
+    time-limit signal: the scheduler sends it to every process of the step (SLURM, the kit's
+    launchers), the child too, and passed on as well it came twice; the shim only says so."""
+    if time_limit is not None:
+        signal.signal(time_limit, lambda signum, frame: say_came(time_limit, "the command gets it from the scheduler"))
     child = subprocess.Popen([command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, DUMP_SIGNAL, time_limit} - {None}:
+    for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, DUMP_SIGNAL} - {time_limit}:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
 
     def pump() -> None:
@@ -154,19 +158,19 @@ def run_command(command: str, args: list[str], time_limit: signal.Signals | None
     return code if code >= 0 else 128 - code
 
 
+def say_came(sig: signal.Signals, then: str) -> None:
+    """In the rank's log, that the time-limit signal came. One os.write: a handler can run in
+    the middle of the program's own writes."""
+    os.write(
+        2, f"{stamp()}shim: {sig.name} came (the job's time-limit signal, `signal:` in the spec); {then}\n".encode()
+    )
+
+
 def runs_on_after(sig: signal.Signals) -> None:
     """The time-limit signal's default action would kill the rank: until the program installs
-    its own handler, the shim's says that it came and lets the program run on. Written with
-    one os.write: a handler can run in the middle of the program's own writes."""
-
-    def handler(signum, frame) -> None:
-        os.write(
-            2,
-            f"{stamp()}shim: {sig.name} came (the job's time-limit signal, `signal:` in the spec); "
-            "the program installs no handler for it, so it runs on until the time limit\n".encode(),
-        )
-
-    signal.signal(sig, handler)
+    its own handler, the shim's says that it came and lets the program run on."""
+    then = "the program installs no handler for it, so it runs on until the time limit"
+    signal.signal(sig, lambda signum, frame: say_came(sig, then))
 
 
 def finish_like_python() -> None:
