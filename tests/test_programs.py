@@ -2,6 +2,8 @@
 of jobs/train_cnn.py (a script written for torchrun that knows nothing of the kit)."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from cluster.spec import JobSpec
 from tests.conftest import ROOT, run_module
 from tests.jobs_helpers import cancel, job_running, logs_json, submit, wait_for_line
 from train.config import ConfigError, load
+from train.shim import KeptSignal
 
 CNN = "program.script=jobs/train_cnn.py"
 
@@ -73,6 +76,26 @@ def test_a_trainer_spec_reused_for_a_script_says_its_sections_are_ignored():
 
 
 # ----------------------------------------------------------------------------- the request
+def test_a_kept_time_limit_signal_goes_to_the_programs_handler_once_and_never_to_a_default():
+    """The shim keeps the signal that came before the program's handler; at a step it passes it
+    on once there is a handler, once, and not while there is none or the program ignores it."""
+    kept, got = KeptSignal(signal.SIGUSR2), []
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        wait_until(lambda: kept.kept, 30, "the shim's handler")
+        kept.pass_on()  # the shim's own handler still: kept
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        kept.pass_on()
+        assert kept.kept
+        signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+        kept.pass_on()
+        wait_until(lambda: got, 30, "the program's handler")
+        kept.pass_on()
+        assert got == [signal.SIGUSR2] and not kept.kept
+    finally:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+
+
 def test_per_task_ranks_run_the_shim_around_the_program():
     s = spec('program.args=["--steps", "7"]', "stall_timeout_s=30")
     (step,) = make_request(s, make_plan(s), "py").steps

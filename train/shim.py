@@ -14,7 +14,8 @@ of it (it runs unchanged):
   killed, stalled, and "completed without training progress";
 - the job's time-limit signal (``--time-limit-signal``, the spec's ``signal``) never kills a
   program that did not ask for it: the shim's handler logs that it came and that the program
-  runs on; a program that installs its own handler replaces the shim's and gets it.
+  runs on; a program that installs its own handler replaces the shim's and gets it, and gets
+  at its first step after one that came before (``KeptSignal``).
 
 A Python function submitted with ``cluster.submit(fn)`` (``--submitit``: its folder) runs in
 this process too (``train.functions``); on SLURM, submitit appends its own command line
@@ -59,13 +60,15 @@ RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this 
 class StepProgress:
     """The global optimizer-step hook: counts steps, feeds the watchdog, writes step records."""
 
-    def __init__(self, writer: RecordWriter, watchdog: StallWatchdog):
-        self.writer, self.watchdog = writer, watchdog
+    def __init__(self, writer: RecordWriter, watchdog: StallWatchdog, kept: KeptSignal | None = None):
+        self.writer, self.watchdog, self.kept = writer, watchdog, kept
         self.steps = 0
         self.written_step, self.written_at = 0, time.perf_counter()
 
     def __call__(self, optimizer, args, kwargs) -> None:
         self.steps += 1
+        if self.kept is not None:
+            self.kept.pass_on()
         if self.steps == 1:
             self.watchdog.start()  # from the first step: start-up (data, compilation) is not a stall
             self.writer.write("first_step", step=1)
@@ -140,9 +143,7 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=l
 def run_command(command: str, args: list[str], time_limit: signal.Signals | None) -> int:
     """A child process: its lines stamped as they come, the rank's signals passed on. Not the
     time-limit signal: the scheduler sends it to every process of the step (SLURM, the kit's
-    launchers), the child too, and passed on as well it came twice; the shim only says so."""
-    if time_limit is not None:
-        signal.signal(time_limit, lambda signum, frame: say_came(time_limit, "the command gets it from the scheduler"))
+    launchers), the child too, and passed on as well it came twice (``main`` notes it)."""
     child = subprocess.Popen([command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, DUMP_SIGNAL} - {time_limit}:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
@@ -166,11 +167,34 @@ def say_came(sig: signal.Signals, then: str) -> None:
     )
 
 
-def runs_on_after(sig: signal.Signals) -> None:
-    """The time-limit signal's default action would kill the rank: until the program installs
-    its own handler, the shim's says that it came and lets the program run on."""
-    then = "the program installs no handler for it, so it runs on until the time limit"
-    signal.signal(sig, lambda signum, frame: say_came(sig, then))
+class KeptSignal:
+    """The time-limit signal in a Python program, whose default action would kill the rank:
+    until the program installs its own handler, the shim's says that it came, keeps it, and
+    lets the program run on. A program's start-up (torch's import, the process group) takes
+    seconds, more on a loaded node, and the signal can come then (SLURM sends it up to 60 s
+    early; a requeued job with a short limit gets it as it starts): the program gets the kept
+    signal at its first optimizer step after it installs a handler, once."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        self.sig, self.kept = sig, False
+        signal.signal(sig, self.came)
+
+    def came(self, signum, frame) -> None:
+        self.kept = True
+        say_came(
+            self.sig,
+            "the program has no handler for it: it runs on, and gets it at its first step after it installs one",
+        )
+
+    def pass_on(self) -> None:
+        """At an optimizer step: the kept signal to the program's own handler, once it has one."""
+        if self.kept and callable(handler := signal.getsignal(self.sig)) and handler != self.came:
+            self.kept = False
+            os.write(
+                2,
+                f"{stamp()}shim: {self.sig.name} passed on to the program's handler, installed since it came\n".encode(),
+            )
+            os.kill(os.getpid(), self.sig)
 
 
 def finish_like_python() -> None:
@@ -215,6 +239,12 @@ def main(argv: list[str]) -> None:
         redirect_to(job_dir / log_name(env.rank, env.restart))
     timestamp_lines()
     install_dumps()
+    time_limit = parse_time_limit_signal(args.time_limit_signal)[0] if args.time_limit_signal else None
+    kept = None  # before the start record, which tells a reader that the shim's handlers are in place
+    if time_limit is not None and kind == "command":
+        signal.signal(time_limit, lambda signum, frame: say_came(time_limit, "the command gets it from the scheduler"))
+    elif time_limit is not None:
+        kept = KeptSignal(time_limit)
     for key, value in torchrun_environ(env).items():
         os.environ.setdefault(key, value)  # torchrun's own, for its workers, stay
     threads = cpu_threads(env)
@@ -231,17 +261,14 @@ def main(argv: list[str]) -> None:
         flush=True,
     )
     progress = None
-    time_limit = parse_time_limit_signal(args.time_limit_signal)[0] if args.time_limit_signal else None
     if kind == "command":
         code = run_command(target, args.args, time_limit)
     else:
-        if time_limit is not None:
-            runs_on_after(time_limit)
         # lazy for start-up time: a command's shim never loads torch
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         startup_limit(args.startup_timeout_s)
-        progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s))
+        progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s), kept)
         register_optimizer_step_post_hook(progress)
         requeue = time_limit if args.requeue_on_signal else None
         code = run_python(
