@@ -25,16 +25,20 @@ def logs_json(job_dir: Path, *extra: str):
     return result, json.loads(result.stdout)
 
 
-def wait_for_step(job_dir: Path, rank: int, step: int, timeout: float = 120) -> dict:
-    """Wait until ``rank`` has logged ``step``; return its start record (with its pid)."""
+def wait_for_step(job_dir: Path, rank: int, step: int | None, timeout: float = 120) -> dict:
+    """Wait until ``rank`` has logged ``step`` (None: until it has started, its handlers in
+    place); return its last start record (with its pid)."""
     path = job_dir / record_name(rank)
 
     def start_record():
         records = list(read_records(path)) if path.exists() else []
-        if any(r["event"] == "step" and r["step"] >= step for r in records):
-            return [r for r in records if r["event"] == "start"][-1]
+        starts = [r for r in records if r["event"] == "start"]
+        if starts and (step is None or any(r["event"] == "step" and r["step"] >= step for r in records)):
+            return starts[-1]
 
-    return wait_until(start_record, timeout, f"rank {rank} to reach step {step}", 0.2)
+    return wait_until(
+        start_record, timeout, f"rank {rank} to reach step {step}" if step is not None else f"rank {rank} to start", 0.2
+    )
 
 
 def wait_for_line(path: Path, text: str, timeout: float = 60) -> None:

@@ -221,7 +221,7 @@ def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, rank, node, want,
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
     (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
-    assert scheduler_kill(JobDir(job_dir), plan).of(rank, node) == want
+    assert scheduler_kill(JobDir(job_dir), plan, JobDir(job_dir).names()).of(rank, node) == want
 
 
 AGENT_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
@@ -246,7 +246,7 @@ def test_a_torchrun_worker_killed_without_a_word_is_named_by_its_agents_account(
     for name in ("node_00000.log", "node_00001.log", "node_00000.attempt1.log"):
         (job_dir / name).write_text("")
     (job_dir / "node_00001.attempt1.log").write_text(AGENT_REPORT)
-    kills = scheduler_kill(JobDir(job_dir), TORCHRUN)
+    kills = scheduler_kill(JobDir(job_dir), TORCHRUN, JobDir(job_dir).names())
     assert kills.of(3, "n2", attempt=1) == "killed by SIGKILL (its torchrun agent's account)"
     assert kills.of(3, "n2", attempt=0) == "" and kills.of(2, "n2", attempt=1) == ""
 

@@ -13,8 +13,8 @@ import pytest
 
 from cluster.poll import wait_until
 from tests.conftest import ROOT, free_port
-from tests.jobs_helpers import logs_json, submit, wait_for_line
-from train.protocol import latest_checkpoint_step, read_records, record_name
+from tests.jobs_helpers import logs_json, submit, wait_for_line, wait_for_step
+from train.protocol import latest_checkpoint_step, read_records
 
 pytestmark = pytest.mark.slow
 # A one-minute limit with the signal 52 s before it: the signal comes about 8 s in.
@@ -94,13 +94,6 @@ def test_a_script_that_handles_the_signal_gets_it_once_even_with_steps_longer_th
         assert "agent: SIGUSR1 came" in (job_dir / "node_00000.log").read_text()
 
 
-def start_pid(job_dir: Path, rank: int) -> int:
-    """The pid in ``rank``'s start record, once there is one: the shim's handlers are in place."""
-    path = job_dir / record_name(rank)
-    starts = lambda: [r["pid"] for r in read_records(path) if r["event"] == "start"] if path.exists() else []  # noqa: E731
-    return wait_until(starts, 120, f"rank {rank}'s start record", 0.2)[-1]
-
-
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
 def test_a_signal_before_the_scripts_handler_is_kept_until_it_has_one(launcher, tmp_path):
     """The signal comes while the script starts, before it installs its handler (here: once a
@@ -114,7 +107,7 @@ def test_a_signal_before_the_scripts_handler_is_kept_until_it_has_one(launcher, 
     job_dir = tmp_path / "cnn" / info["job_id"]
     logs = [job_dir / f"rank_{rank:05d}.log" for rank in (0, 1)]
     for rank, log in enumerate(logs):
-        os.kill(start_pid(job_dir, rank), signal.SIGUSR1)  # as SLURM's signal to the step reaches it
+        os.kill(wait_for_step(job_dir, rank, None)["pid"], signal.SIGUSR1)  # as SLURM's signal to the step reaches it
         wait_for_line(log, "shim: SIGUSR1 came", timeout=60)
     ready.touch()
     wait_for_line(job_dir / "controller.log", "job ended", timeout=180)

@@ -34,14 +34,14 @@ class SchedulerKills:
         return self.nodes.get(node_name or "", "") or self.agents.get((attempt, rank), "")
 
 
-def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str] | None = None) -> SchedulerKills:
+def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> SchedulerKills:
     """Why the scheduler ended the ranks of the attempt that ran last, where its log says so:
     the time limit, or a signal that killed a task (srun: "n2: tasks 2-3: User defined signal
     1"), named, and said to be the spec's time-limit signal when it is. A task srun saw exit
     with a code, or did not name, was not killed by it (a rank SIGKILLed by the OOM killer is
     one srun says "Killed" of; its peers, "Terminated" by srun after it, are theirs). The
     batch script's output holds every attempt of a job that restarts: what precedes the last
-    restart is of attempts before. ``names``: the directory's listing, where one was made."""
+    restart is of attempts before. ``names``: the directory's listing (``JobDir.names``)."""
     text = ""
     for path in job_dir.scheduler_logs():
         if path.exists():
@@ -71,7 +71,7 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str] | None = 
         for task in task_numbers(tasks):
             kills.tasks[task] = reason
     if not kills.per_rank:
-        kills.agents = agent_kills(job_dir, job_dir.names() if names is None else names)
+        kills.agents = agent_kills(job_dir, names)
     return kills
 
 
