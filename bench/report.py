@@ -105,8 +105,8 @@ def plan_speed() -> dict:
 def as_installed(tmp: str) -> dict[str, str]:
     """The environment to time the kit's CLI in, as a user runs it: with its modules' bytecode
     cached, as ``pip install`` leaves a package (here in ``tmp``). This machine sets
-    PYTHONDONTWRITEBYTECODE, and each start compiled the kit's modules again: 45 ms of the
-    triage's 0.9 s at 16,384 ranks, and most of it at 1,024. The first round writes the cache."""
+    PYTHONDONTWRITEBYTECODE, and each start compiled the kit's modules again: 45 ms, a
+    fifth of the triage's time at 1,024 ranks. The first round writes the cache."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     return {**env, "PYTHONPYCACHEPREFIX": str(Path(tmp) / "pycache")}
 
@@ -122,8 +122,9 @@ def sweep_table_speed(points: int, rounds: int = 3) -> dict:
             start = time.perf_counter()
             done = subprocess.run(
                 [sys.executable, "-m", "cluster", "logs", str(sweep.path), "--json"],
-                capture_output=True, env=as_installed(tmp),
-            )  # fmt: skip
+                capture_output=True,
+                env=as_installed(tmp),
+            )
             times.append(time.perf_counter() - start)
             assert len(json.loads(done.stdout)["points"]) == points, done.stderr[-2000:]
     seconds = statistics.median(times[1:])
