@@ -87,9 +87,11 @@ class Stack:
         """Printing a traceback, or back in the entry point after the program ended: a rank
         caught here by the launcher's SIGTERM had already stopped (a peer's failure reached it),
         and where it stopped is no evidence of the hang."""
-        return any(f.file.endswith("/traceback.py") for f in self.frames) or bool(
-            self.frames and TEARDOWN_FILES.search(self.frames[0].file)
-        )
+        return self.printing_error() or bool(self.frames and TEARDOWN_FILES.search(self.frames[0].file))
+
+    def printing_error(self) -> bool:
+        """Inside ``traceback``: handling an exception that reached it."""
+        return any(f.file.endswith("/traceback.py") for f in self.frames)
 
     def innermost_project(self) -> Frame | None:
         return next((f for f in self.frames if f.project), None)
@@ -178,11 +180,17 @@ def stack_in(buf: bytes | mmap.mmap, since: int = 0) -> Stack | None:
     return Stack(_frames(lines)[::-1], "traceback")
 
 
-def group_by_frame(stacks: dict[int, Stack]) -> list[dict]:
-    """Ranks grouped by where they are; the largest group first."""
+def group_by_frame(stacks: dict[int, Stack], reached: set[int] = frozenset()) -> list[dict]:
+    """Ranks grouped by where they are; the largest group first. A rank in ``reached`` (see
+    ``classify``) waited, though its stack, taken later, shows where it handled the failure."""
     groups: dict[str, list[int]] = {}
     for rank, stack in sorted(stacks.items()):
-        groups.setdefault(stack.where(), []).append(rank)
+        where = (
+            f"waiting until a peer's failure reached it, then killed {stack.where()}"
+            if rank in reached
+            else stack.where()
+        )
+        groups.setdefault(where, []).append(rank)
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
     return [{"frame": where, "ranks": ranks, "waiting": where.startswith("waiting")} for where, ranks in ordered]
 
@@ -209,22 +217,25 @@ def named_by_messages(errors: dict[int, str]) -> tuple[list[int], str | None]:
     return sorted(culprits), f"Detected mismatch between collectives: {said}"
 
 
-def classify(stacks: dict[int, Stack], errors: dict[int, str], snapshot: bool = False) -> dict | None:
+def classify(
+    stacks: dict[int, Stack], errors: dict[int, str], snapshot: bool = False, reached: set[int] = frozenset()
+) -> dict | None:
     """The hang verdict, or None when the evidence is not that of a hang.
 
     ``errors``: each failed rank's error line. A rank whose error is a consequence of a
     peer's failure (a lost connection, a timeout) was inside a collective when it failed,
-    even where no torch frame shows it (a ``work.wait()`` is C++). ``snapshot``: the stacks
-    of a running job, a verdict whatever the errors."""
+    even where no torch frame shows it (a ``work.wait()`` is C++); so was a rank in
+    ``reached``, known to have been handling such a failure when it was killed.
+    ``snapshot``: the stacks of a running job, a verdict whatever the errors."""
     stalled = [r for r, s in stacks.items() if s.kind == "stall"]
     hang_errors = {r: e for r, e in errors.items() if HANG_ERROR.search(e)}
     if not stalled and not hang_errors and not snapshot:
         return None
-    groups = group_by_frame(stacks)
+    groups = group_by_frame(stacks, reached)
     culprits, message = named_by_messages(hang_errors)
     reason = "torch's collective checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)" if culprits else ""
     if not culprits:
-        waiting = {r for r, s in stacks.items() if s.waiting_in() or CASCADE.search(errors.get(r, ""))}
+        waiting = {r for r, s in stacks.items() if r in reached or s.waiting_in() or CASCADE.search(errors.get(r, ""))}
         elsewhere = sorted(set(stacks) - waiting)
         # After a stall (not a snapshot of a job that may be healthy), a rank in no collective
         # while as many peers wait in one is what they wait for: 1 of 2 ranks counts.
