@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_module, torchrun
-from tests.test_data_parallel import ATOL, max_diff, run_strategy
+from tests.support.strategies import ATOL, max_diff, run_strategy
 from train import checkpoint
 from train.config import Config, load
 from train.dist_env import DistEnv

@@ -1,53 +1,14 @@
 """Every data-parallel strategy, with real processes (gloo on CPU), matches one process.
 
-Tolerance (float32, 20 SGD steps with momentum 0.9, lr 0.1): each data-parallel rank averages
-its shard's loss and the gradients are then averaged across ranks, so each gradient is the
-same sum as in one process, added in a different order: a few ulps (float32 unit round-off
-is 6e-8) per step, compounded over 20 steps. We measured max |diff| 1.5e-8 to 3e-8 (2 and 4 ranks) on parameters
-of magnitude ~0.03-0.1 (reported by the test on failure). ``ATOL = 1e-6`` leaves 30x margin for
-other BLAS orders while staying far below what a real bug does: a missing division by the
-world size, a skipped bucket or a wrong shard moves parameters by 1e-3 or more after one step.
+The tolerance, ``ATOL``, is justified where it is defined (tests/support/strategies.py).
 """
-
-import json
 
 import pytest
 import torch
 
-from tests.conftest import torchrun
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.loop import setup, train
-from train.parallel.common import full_parameters
+from tests.support.strategies import ATOL, max_diff, run_strategy, single_params
 
 pytestmark = pytest.mark.slow
-
-ATOL = 1e-6
-BASE = ["train.steps=20", "train.log_every=10", "train.eval_every=20", "optim.momentum=0.9"]
-
-
-def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:
-    cfg = load(Config, None, [*BASE, f"train.run_dir={tmp_path / 'single'}", *overrides])
-    trainable, ctx = setup(cfg, DistEnv())
-    train(cfg, DistEnv(), trainable, ctx, quiet=True)
-    return full_parameters(trainable)
-
-
-def run_strategy(tmp_path, nprocs, *overrides, flags=(), mkdir=True) -> tuple[list[dict], list[dict], list[list[dict]]]:
-    out = tmp_path / "dist"
-    if mkdir:
-        out.mkdir()
-    result = torchrun(nprocs, "tests.dist_worker", str(out), *flags, *BASE, f"train.run_dir={out}", *overrides)
-    assert result.returncode == 0, result.stderr[-4000:]
-    params = [torch.load(out / f"params_{r}.pt") for r in range(nprocs)]
-    probes = [torch.load(out / f"probe_{r}.pt") for r in range(nprocs)]
-    records = [[json.loads(s) for s in (out / f"rank_{r:05d}.jsonl").read_text().splitlines()] for r in range(nprocs)]
-    return params, probes, records
-
-
-def max_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")

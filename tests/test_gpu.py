@@ -16,7 +16,7 @@ import torch
 
 from bench.report import PEAK_FLOPS, mfu_rows
 from tests.conftest import ROOT
-from tests.test_data_parallel import BASE, max_diff, run_strategy
+from tests.support.strategies import BASE, max_diff, run_strategy
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train

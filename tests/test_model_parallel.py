@@ -9,7 +9,7 @@ sums in another order, a few float32 ulps per step (measured below 1e-7 after 20
 import pytest
 
 from tests.conftest import run_module, torchrun
-from tests.test_data_parallel import ATOL, max_diff, run_strategy, single_params
+from tests.support.strategies import ATOL, max_diff, run_strategy, single_params
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import torchrun
-from tests.test_data_parallel import max_diff, run_strategy, single_params
+from tests.support.strategies import max_diff, run_strategy, single_params
 from train import checkpoint
 
 pytestmark = pytest.mark.slow

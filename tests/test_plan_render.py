@@ -11,6 +11,7 @@ from cluster.render import render
 from cluster.request import make_request
 from cluster.spec import JobSpec
 from tests.conftest import ROOT, run_module
+from tests.support.bad_specs import BAD
 from train.config import ConfigError, load
 
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
@@ -65,46 +66,6 @@ def test_plan_cli_json_1024_nodes():
                         "train.batch_size=65536", "--json")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert len(json.loads(result.stdout)["ranks"]) == 8192
-
-
-# At least 15 bad specs: each exits 2 naming the key (or file); see also the SLURM tier,
-# which checks that squeue stays empty for them.
-BAD = [
-    (["nodse=2"], "nodse"),
-    (["nodes=two"], "nodes"),
-    (["nodes=0"], "nodes"),
-    (["nodes=-1"], "nodes"),
-    (["gpus_per_node=4", "tasks_per_node=3"], "tasks_per_node"),
-    (["gpus_per_node=2", "tasks_per_node=4"], "tasks_per_node"),
-    (["nodes=3", "gpus_per_node=0", "tasks_per_node=3", "parallel.strategy=tp", "parallel.tp=2"], "parallel.tp"),
-    (["parallel.strategy=tp", "parallel.tp=4", "gpus_per_node=2", "nodes=2"], "parallel.tp"),
-    (["container.runtime=pyxis"], "container.image"),
-    (["container.runtime=docker"], "container.runtime"),
-    (["name=x;rm -rf /"], "name"),
-    (["name=a b"], "name"),
-    (["env.FOO=$(reboot)"], "env.FOO"),
-    (["env.FOO=a;b"], "env.FOO"),
-    (["env.1X=a"], "env.1X"),
-    (['setup=["echo hi && reboot"]'], "setup[0]"),
-    (['setup=["echo `id`"]'], "setup[0]"),
-    (["partition=gpu debug"], "partition"),
-    (["time=forever"], "time"),
-    (['sbatch_extra=["reservation"]'], "sbatch_extra[0]"),
-    (["train.steps=abc"], "train.steps"),
-    (["parallel.strategy=fsd"], "parallel.strategy"),
-    (["train.batch_size=60", "nodes=1", "gpus_per_node=8"], "train.batch_size"),
-    (["cluster=local", "nodes=2"], "nodes"),
-    (["restarts=-1"], "restarts"),
-    (["spare_nodes=1"], "spare_nodes"),
-    (["cluster=local", "nodes=1", "restarts=2"], "restarts"),
-    (["restarts=2", "container.runtime=pyxis", "container.image=kit:latest"], "restarts"),
-    (["min_nodes=1"], "min_nodes"),
-    (["restarts=1", "min_nodes=3"], "min_nodes"),
-    (["restarts=1", "min_nodes=1", "parallel.strategy=zero1"], "min_nodes"),
-    (["restarts=1", "nodes=3", "min_nodes=2", "train.batch_size=36"], "min_nodes"),
-    (["nodes"], "nodes"),
-    (["=3"], "=3"),
-]
 
 
 @pytest.mark.parametrize("overrides, key", BAD, ids=[k for _, k in BAD])

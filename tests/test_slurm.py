@@ -16,7 +16,7 @@ from cluster import minicluster
 from cluster.poll import wait_until
 from tests.conftest import run_module
 from tests.jobs_helpers import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
-from tests.test_plan_render import BAD
+from tests.support.bad_specs import BAD
 from train.protocol import DETERMINISTIC_EXIT, read_records
 
 pytestmark = pytest.mark.slurm
@@ -410,7 +410,12 @@ def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> st
     return wait_until(reached, timeout, f"job {job_id} to reach {wanted}")
 
 
-RESUMABLE = [*FIT, "gpus_per_node=2", "requeue=true", "train.steps=1200", "train.ckpt_every=20", "train.log_every=20"]
+# 600 steps (about 12 s at the minicluster's 20 ms a step): the faults below come at step 100 to
+# 120, and the job must still be training when they land, under load too.
+STEPS = 600
+RESUMABLE = [*FIT, "gpus_per_node=2", "requeue=true", f"train.steps={STEPS}", "train.ckpt_every=20",
+             "train.log_every=20"]  # fmt: skip
+FINAL = f"checkpoints/step_{STEPS:07d}"  # the last checkpoint: every run of these ends there
 
 
 # The effective training time ratio of the same job uninterrupted, requeued, restarted
@@ -439,7 +444,7 @@ def uninterrupted(tmp_path_factory):
     ledger = ledger_of(tmp / "multi-node" / info["job_id"])
     ETTR["uninterrupted"] = ledger["ettr"]
     assert ledger["categories"]["queued"] == pytest.approx(batch_start(tmp / "multi-node" / info["job_id"]), abs=0.01)
-    return final_params(tmp / "multi-node" / info["job_id"] / "checkpoints" / "step_0001200")
+    return final_params(tmp / "multi-node" / info["job_id"] / FINAL)
 
 
 @pytest.mark.parametrize("how", ["scontrol requeue", "signal USR1"])
@@ -458,12 +463,12 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
         assert wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "GONE")) in ("COMPLETED", "GONE")
     finally:
         subprocess.run(["scancel", job_id], check=False)
-    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    resumed = final_params(job_dir / FINAL)
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
     assert (job_dir / "rank_00003.log").exists() and (job_dir / "rank_00003.attempt1.log").exists()
     records = list(read_records(job_dir / "rank_00000.jsonl"))
     resumes = [r["step"] for r in records if r["event"] == "resume"]
-    assert resumes and 100 <= resumes[0] < 1200  # the second attempt really resumed mid-run
+    assert resumes and 100 <= resumes[0] < STEPS  # the second attempt really resumed mid-run
     code, report = logs_json(job_dir)
     assert code.returncode == 0 and all(r["attempts"] == 2 and r["state"] == "completed" for r in report["ranks"])
     ledger = ledger_of(job_dir)  # the requeue is a restart of its own, queue and launch included
@@ -506,7 +511,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
         subprocess.run(["scancel", job_id], check=False)
         minicluster.start()  # n2 back for the tests after this one
     assert state in ("COMPLETED", "GONE")
-    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    resumed = final_params(job_dir / FINAL)
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
     code, report = logs_json(job_dir)
     first, second = report["attempts"]
@@ -587,7 +592,7 @@ def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(t
     finally:
         subprocess.run(["scancel", job_id], check=False)
     assert state in ("COMPLETED", "GONE")
-    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    resumed = final_params(job_dir / FINAL)
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
     code, report = logs_json(job_dir)
     assert code.returncode == 0 and report["completed"] == 4, report
@@ -692,7 +697,7 @@ def test_when_the_batch_node_fails_slurm_requeues_the_job_and_its_attempts_go_on
         subprocess.run(["scancel", job_id], check=False)
         minicluster.start()
     assert state in ("COMPLETED", "GONE")
-    resumed = final_params(job_dir / "checkpoints" / "step_0001200")
+    resumed = final_params(job_dir / FINAL)
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
     code, report = logs_json(job_dir)
     first, second = report["attempts"]
