@@ -6,22 +6,18 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_module, torchrun
-from tests.support.strategies import ATOL, max_diff, run_strategy
+from tests.support.strategies import ATOL, max_diff, run_strategy, trained_params
 from train import checkpoint
 from train.config import Config, load
 from train.dist_env import DistEnv
-from train.loop import setup, train
-from train.parallel.common import full_parameters
+from train.loop import setup
 from train.protocol import latest_checkpoint_step, read_records, record_name
 
 BASE = ["train.log_every=10", "train.eval_every=40", "train.ckpt_every=10", "optim.momentum=0.9"]
 
 
 def params_after(run_dir, steps, *overrides) -> dict:
-    cfg = load(Config, None, [*BASE, *overrides, f"train.run_dir={run_dir}", f"train.steps={steps}"])
-    trainable, ctx = setup(cfg, DistEnv())
-    train(cfg, DistEnv(), trainable, ctx, quiet=True)
-    return full_parameters(trainable)
+    return trained_params(*BASE, *overrides, f"train.run_dir={run_dir}", f"train.steps={steps}")
 
 
 def test_resume_is_bitwise_identical(tmp_path):

@@ -9,7 +9,7 @@ sums in another order, a few float32 ulps per step (measured below 1e-7 after 20
 import pytest
 
 from tests.conftest import run_module, torchrun
-from tests.support.strategies import ATOL, max_diff, run_strategy, single_params
+from tests.support.strategies import ATOL, BASE, max_diff, run_strategy, single_params
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
@@ -56,8 +56,9 @@ def test_matches_single_process(nprocs, overrides, tmp_path, reference):
 
 
 def test_model_parallel_single_process_matches(tmp_path, reference):
-    cfg = load(Config, None, ["train.steps=20", "train.log_every=10", "train.eval_every=20", "optim.momentum=0.9",
-                              f"train.run_dir={tmp_path}", "parallel.strategy=model_parallel", "parallel.stages=3"])  # fmt: skip
+    cfg = load(
+        Config, None, [*BASE, f"train.run_dir={tmp_path}", "parallel.strategy=model_parallel", "parallel.stages=3"]
+    )
     trainable, ctx = setup(cfg, DistEnv())
     assert trainable.model.bounds == [(0, 4), (4, 6), (6, 7)]  # 2+1+1 Linears, each ReLU with its Linear
     train(cfg, DistEnv(), trainable, ctx, quiet=True)

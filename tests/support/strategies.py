@@ -25,11 +25,16 @@ ATOL = 1e-6
 BASE = ["train.steps=20", "train.log_every=10", "train.eval_every=20", "optim.momentum=0.9"]
 
 
-def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:
-    cfg = load(Config, None, [*BASE, f"train.run_dir={tmp_path / 'single'}", *overrides])
+def trained_params(*overrides: str) -> dict[str, torch.Tensor]:
+    """The final parameters of one process trained here, in this process, on ``overrides``."""
+    cfg = load(Config, None, list(overrides))
     trainable, ctx = setup(cfg, DistEnv())
     train(cfg, DistEnv(), trainable, ctx, quiet=True)
     return full_parameters(trainable)
+
+
+def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:
+    return trained_params(*BASE, f"train.run_dir={tmp_path / 'single'}", *overrides)
 
 
 def run_strategy(tmp_path, nprocs, *overrides, flags=(), mkdir=True) -> tuple[list[dict], list[dict], list[list[dict]]]:
