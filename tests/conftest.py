@@ -21,6 +21,15 @@ def run_module(
     )
 
 
+@pytest.fixture(autouse=True)
+def cpu_tiers_on_the_cpu(request, monkeypatch):
+    """The processes a test outside the gpu tier starts see no GPU: its tolerances are the CPU's
+    (gloo, one BLAS), and on a machine with one GPU its ranks would all take cuda:0, which NCCL
+    refuses ("Duplicate GPU detected"). The gpu tier (``-m gpu``) runs them where CUDA is."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"

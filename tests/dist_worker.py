@@ -19,6 +19,7 @@ from train.dist_env import from_environ, init_process_group
 from train.loop import check_replicas, setup, train
 from train.output import leave
 from train.parallel.common import full_parameters
+from train.parallel.mesh import needs_process_group
 
 
 def probe_grads(cfg, env, trainable, ctx) -> dict:
@@ -59,10 +60,10 @@ def main() -> None:
     out = Path(sys.argv[1])
     flags = [a for a in sys.argv[2:] if a.startswith("--")]
     cfg = load(Config, None, [a for a in sys.argv[2:] if not a.startswith("--")])
-    env = from_environ()
+    env = from_environ(device=cfg.train.device)
     if "--float64" in flags:  # model and data: rounding 1e-16, far below any mathematical difference
         torch.set_default_dtype(torch.float64)
-    if env.distributed:
+    if needs_process_group(cfg.parallel.strategy, env.world_size):
         init_process_group(env, cfg.train.timeout_s)
     try:
         trainable, ctx = setup(cfg, env)

@@ -123,3 +123,17 @@ def test_adam_refuses_a_momentum_it_would_ignore():
     with pytest.raises(ConfigError) as err:
         load(Config, None, ["optim.name=adam", "optim.momentum=0.9"])
     assert err.value.key == "optim.momentum" and "adam" in str(err.value)
+
+
+@pytest.mark.parametrize("strategy", ["tp", "pipeline"])
+def test_a_strategy_that_splits_the_model_is_refused_on_one_rank(strategy):
+    """One rank has nothing to split: a clear error naming the key, not a crash in torch."""
+    from train.parallel.mesh import needs_process_group, resolve_dims
+
+    cfg = load(Config, None, [f"parallel.strategy={strategy}"])
+    with pytest.raises(ConfigError) as err:
+        resolve_dims(cfg.parallel, cfg.model, world_size=1, ranks_per_node=1)
+    assert err.value.key == "parallel.strategy" and "one rank has nothing to split" in str(err.value)
+    # The others run on one rank through a process group of one; only these two need none.
+    assert [s for s in ("single", "model_parallel", "ddp", "fsdp") if not needs_process_group(s, 1)] == [
+        "single", "model_parallel"]  # fmt: skip

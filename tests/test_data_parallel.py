@@ -5,8 +5,11 @@ The tolerance, ``ATOL``, is justified where it is defined (tests/support/strateg
 
 import pytest
 import torch
+import torch.distributed as dist
 
-from tests.support.strategies import ATOL, max_diff, run_strategy, single_params
+from tests.conftest import run_module
+from tests.support.strategies import ATOL, BASE, max_diff, run_strategy, single_params, trained_params
+from train.dist_env import DistEnv, init_process_group
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +72,23 @@ def test_zero1_shards_optimizer_state(tmp_path):
 def test_check_sync_names_the_diverged_rank(tmp_path):
     _, probes, _ = run_strategy(tmp_path, 4, "parallel.strategy=ddp", "train.steps=4", flags=["--probe-divergence"])
     assert all("rank(s) [3] diverged" in p["divergence_error"] for p in probes)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_naive", "ddp_bucketed", "zero1", "fsdp", "param_avg"])
+def test_one_rank_of_a_distributed_strategy_trains_bitwise_as_one_process(strategy, tmp_path, reference):
+    """A laptop, or one GPU: the strategy runs in a process group of one (no port taken) and,
+    with no peer to average with, trains exactly as the single process (measured: 0.0)."""
+    init_process_group(DistEnv(), timeout_s=60)
+    try:
+        params = trained_params(*BASE, f"parallel.strategy={strategy}", f"train.run_dir={tmp_path}")
+    finally:
+        dist.destroy_process_group()
+    assert max_diff(params, reference) == 0.0
+
+
+def test_python_m_train_runs_a_distributed_strategy_alone(tmp_path):
+    """``python -m train parallel.strategy=fsdp``, no launcher: it crashed in DDP's and FSDP's
+    set-up ("Default process group has not been initialized") before it had a group of one."""
+    result = run_module("train", "parallel.strategy=fsdp", *BASE, f"train.run_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 20/20" in result.stdout

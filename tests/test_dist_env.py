@@ -5,7 +5,7 @@ import typing
 import pytest
 
 from train.config import Strategy
-from train.dist_env import expand_hostlist, from_environ, torchrun_environ
+from train.dist_env import choose_device, expand_hostlist, from_environ, torchrun_environ
 from train.protocol import master_port_for_job
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0",
@@ -46,9 +46,30 @@ def test_torchrun_contract_from_srun_variables():
     ],
 )  # fmt: skip
 def test_from_environ(env, want):
-    got = from_environ(env)
+    got = from_environ(env, device="cpu")
     assert {k: getattr(got, k) for k in want} == want
-    assert (got.backend, got.device) == ("gloo", "cpu")  # no GPU here
+    assert (got.backend, got.device) == ("gloo", "cpu")
+
+
+@pytest.mark.parametrize(
+    "local_rank, want, visible, chosen",
+    [
+        (0, "auto", 0, ("gloo", "cpu")),  # no GPU: the CPU
+        (3, "auto", 1, ("nccl", "cuda:0")),  # --gpus-per-task=1: its one GPU
+        (3, "auto", 4, ("nccl", "cuda:3")),  # --gres=gpu:4 shared by the node's tasks
+        (1, "cpu", 4, ("gloo", "cpu")),
+        (1, "cuda", 2, ("nccl", "cuda:1")),
+        (0, "cuda", 0, "no CUDA device is visible"),
+        (2, "auto", 2, "local rank 2 has no GPU: only 2 visible"),
+    ],
+)  # fmt: skip
+def test_each_rank_gets_its_device_from_what_it_sees(local_rank, want, visible, chosen):
+    """train.device against the GPUs a rank sees, whatever this machine has."""
+    if isinstance(chosen, str):
+        with pytest.raises(RuntimeError, match=chosen):
+            choose_device(local_rank, want, visible)
+    else:
+        assert choose_device(local_rank, want, visible) == chosen
 
 
 def test_slurm_batch_step_is_not_a_rank():

@@ -14,6 +14,7 @@ the records their ranks write (the second half of the run, after warm-up).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -25,8 +26,8 @@ from pathlib import Path
 import torch
 
 from train.config import Config, ConfigError, TrainConfig, load
-from train.data import ShardedSampler, make_dataset
-from train.dist_env import DistEnv
+from train.data import BatchLoader, ShardedSampler, make_dataset
+from train.dist_env import DistEnv, from_environ
 from train.hangs import StallWatchdog
 from train.loop import run
 from train.model import build_mlp, parameter_count
@@ -36,23 +37,46 @@ from train.scaling import FIT_FILE, RUN_DIR, averaging_break_even
 from train.scaling import main as scaling_main
 
 
+def one_process(cfg: Config) -> DistEnv:
+    """This process alone (no launcher's variables) on the device ``train.device`` picks:
+    the GPU where there is one (the MFU benchmark), else the CPU."""
+    return from_environ({}, device=cfg.train.device)
+
+
 def minimal_loop(cfg: Config, steps: int) -> float:
-    """The hand-written baseline: same model, data and batch. Returns seconds per step."""
+    """The hand-written baseline: same model, data, batch, device and precision (autocast, and
+    the GradScaler for fp16), and the kit's own batch loader, so that the difference is the
+    kit's bookkeeping (on an H200 a plain ``x[idx].to(device)`` per step made this loop 4x
+    slower than the kit's, all of it in the copy). Returns seconds per step."""
+    device = torch.device(one_process(cfg).device)
     data = make_dataset(cfg.data, cfg.model)
-    model = build_mlp(cfg.model, cfg.train.seed)
+    loader = BatchLoader(data.x_train, data.y_train, device, cfg.train.batch_size)
+    model = build_mlp(cfg.model, cfg.train.seed).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
     sampler = ShardedSampler(len(data.x_train), cfg.train.batch_size, cfg.train.seed)
     loss_fn = torch.nn.CrossEntropyLoss()
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
+    autocast = (lambda: torch.autocast(device.type, dtype=low)) if low else contextlib.nullcontext
+    scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
     start = 0.0
     for step in range(steps):
-        if step == steps // 2:  # second half timed, after warm-up
+        if step == steps // 2:  # second half timed, after warm-up (the first half's kernels done)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             start = time.perf_counter()
         idx = sampler.indices(step)
-        loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
+        with autocast():
+            x, y = loader.get(idx)
+            loss = loss_fn(model(x), y)
         opt.zero_grad()
-        loss.backward()
-        opt.step()
-    loss.item()
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+    loss.item()  # waits for the last step's kernels
     return (time.perf_counter() - start) / (steps - steps // 2)
 
 
@@ -151,7 +175,8 @@ def measure(label: str, nprocs: int, steps: int, overrides: list[str]) -> dict:
             cfg = load(Config, None, args[1:])
             return {"step_ms": step_s * 1e3, "samples_per_s": cfg.train.batch_size / step_s}
         if nprocs == 1:
-            record = run(load(Config, None, args), DistEnv(), quiet=True)
+            cfg = load(Config, None, args)
+            record = run(cfg, one_process(cfg), quiet=True)
             return {k: record[k] for k in ("step_ms", "samples_per_s", "state_bytes", "test_loss", "test_acc")}
         records = [steps[-1] for steps in launch(nprocs, args, Path(tmp))]
         return {

@@ -130,18 +130,23 @@ def _tasks_per_node(env: Mapping[str, str], node: int) -> int:
 
 
 def _pick_device(local_rank: int, want: str) -> tuple[str, str]:
-    """(backend, device). One visible GPU (SLURM's --gpus-per-task) is cuda:0; several
-    visible GPUs shared by the node's tasks (--gres=gpu:N) give cuda:<local_rank>."""
     import torch  # lazy for start-up time: the environment is read (and refused) before torch loads
 
-    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+    visible = torch.cuda.device_count() if want != "cpu" and torch.cuda.is_available() else 0
+    return choose_device(local_rank, want, visible)
+
+
+def choose_device(local_rank: int, want: str, visible: int) -> tuple[str, str]:
+    """(backend, device) of a rank that sees ``visible`` GPUs. One visible GPU (SLURM's
+    --gpus-per-task) is cuda:0; several visible GPUs shared by the node's tasks (--gres=gpu:N)
+    give cuda:<local_rank>."""
+    if want == "cpu" or (want == "auto" and not visible):
         return "gloo", "cpu"
-    count = torch.cuda.device_count()
-    if count == 0:
+    if visible == 0:
         raise RuntimeError("train.device=cuda but no CUDA device is visible")
-    index = 0 if count == 1 else local_rank
-    if index >= count:
-        raise RuntimeError(f"local rank {local_rank} has no GPU: only {count} visible")
+    index = 0 if visible == 1 else local_rank
+    if index >= visible:
+        raise RuntimeError(f"local rank {local_rank} has no GPU: only {visible} visible")
     return "nccl", f"cuda:{index}"
 
 
@@ -231,10 +236,13 @@ def init_process_group(env: DistEnv, timeout_s: float) -> None:
         import torch  # lazy for start-up time, as above
 
         torch.cuda.set_device(torch.device(env.device))
+    # One rank of a distributed strategy (a laptop, one GPU, `python -m train parallel.strategy=fsdp`):
+    # no peer to meet, so no port to take; the strategy still finds its group.
+    meet = (
+        {"store": dist.HashStore()}
+        if env.world_size == 1
+        else {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
+    )
     dist.init_process_group(
-        backend=env.backend,
-        init_method=f"tcp://{env.master_addr}:{env.master_port}",
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=timedelta(seconds=timeout_s),
+        backend=env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s), **meet
     )

@@ -16,6 +16,7 @@ from train.errors import RankFailed
 from train.hangs import collective_checks, install_dumps, startup_limit
 from train.loop import run
 from train.output import redirect_to, timestamp_lines
+from train.parallel.mesh import needs_process_group
 from train.preempt import requeue
 from train.protocol import log_name
 
@@ -32,7 +33,7 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
     threads = cpu_threads(env)
     if threads:
         torch.set_num_threads(threads)
-    if env.distributed:
+    if needs_process_group(cfg.parallel.strategy, env.world_size):
         collective_checks(cfg.train.debug_collectives, env.backend, cfg.train.run_dir)
         init_process_group(env, cfg.train.timeout_s)
     try:

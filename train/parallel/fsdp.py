@@ -18,7 +18,8 @@ from train.parallel.tp import shard_tensor_parallel
 
 
 def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy: imported when used
+    from torch.distributed.device_mesh import init_device_mesh  # heavy: imported when used
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     ctx.require_precision("fp32", "bf16")
     model = model.to(ctx.device)
@@ -27,7 +28,10 @@ def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
     # bf16 through FSDP's own policy (compute in bf16, reduce gradients in fp32), not autocast.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     options = {
-        "mesh": ctx.mesh["dp"],
+        # One rank (a laptop, one GPU): a mesh of one, nothing sharded, the same code path.
+        "mesh": ctx.mesh["dp"]
+        if ctx.mesh is not None
+        else init_device_mesh(ctx.device.type, (1,), mesh_dim_names=("dp",)),
         "reshard_after_forward": ctx.cfg.parallel.reshard_after_forward,
         "mp_policy": mp if ctx.cfg.train.precision == "bf16" else MixedPrecisionPolicy(),
     }

@@ -15,9 +15,18 @@ from train.config import ConfigError, ModelConfig, ParallelConfig
 
 SINGLE_PROCESS = ("single", "model_parallel")
 REPLICATED_ONLY = ("ddp_naive", "ddp_bucketed", "zero1", "param_avg")
+# Strategies that split the model across ranks: one rank has nothing to split.
+# (FSDP on one rank runs, unsharded: its mixed-precision policy and code path on one GPU.)
+SPLIT_MODEL = {"tp": "splits each layer", "pipeline": "splits the layers into stages"}
 # Strategies whose optimizer state belongs to one rank of one layout: their checkpoints resume
 # on the same number of ranks only (train.checkpoint refuses another).
 PER_RANK_STATE = ("zero1", "param_avg")
+
+
+def needs_process_group(strategy: str, world_size: int) -> bool:
+    """Every strategy but the single-process ones works through a process group, also on one
+    rank (DDP, FSDP and the rest refuse to start without one)."""
+    return world_size > 1 or strategy not in SINGLE_PROCESS
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,12 @@ def resolve_dims(parallel: ParallelConfig, model: ModelConfig, world_size: int, 
         if strategy == "model_parallel" and parallel.stages > model.n_layers:
             raise ConfigError("parallel.stages", f"{parallel.stages} stages > model.n_layers={model.n_layers}")
         return ParallelDims()
+    if world_size == 1 and strategy in SPLIT_MODEL:
+        raise ConfigError(
+            "parallel.strategy",
+            f"{strategy} {SPLIT_MODEL[strategy]} across ranks: one rank has nothing to split "
+            "(run it on 2 or more ranks, or use parallel.strategy=single)",
+        )
     if strategy == "pipeline":
         pp = parallel.pp or world_size
         if pp != world_size:
