@@ -137,3 +137,14 @@ def test_a_strategy_that_splits_the_model_is_refused_on_one_rank(strategy):
     # The others run on one rank through a process group of one; only these two need none.
     assert [s for s in ("single", "model_parallel", "ddp", "fsdp") if not needs_process_group(s, 1)] == [
         "single", "model_parallel"]  # fmt: skip
+
+
+def test_fsdp_with_tp_over_the_whole_world_is_refused_naming_parallel_tp():
+    """2 ranks, tp=2: no data-parallel rank is left for FSDP (it crashed in torch's mesh lookup)."""
+    from train.parallel.mesh import resolve_dims
+
+    cfg = load(Config, None, ["parallel.strategy=fsdp", "parallel.tp=2"])
+    with pytest.raises(ConfigError) as err:
+        resolve_dims(cfg.parallel, cfg.model, world_size=2, ranks_per_node=2)
+    assert err.value.key == "parallel.tp" and "nothing to shard over" in str(err.value)
+    assert resolve_dims(cfg.parallel, cfg.model, world_size=4, ranks_per_node=4).dp_shard == 2

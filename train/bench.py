@@ -65,8 +65,8 @@ def minimal_loop(cfg: Config, steps: int) -> float:
                 torch.cuda.synchronize(device)
             start = time.perf_counter()
         idx = sampler.indices(step)
+        x, y = loader.get(idx)
         with autocast():
-            x, y = loader.get(idx)
             loss = loss_fn(model(x), y)
         opt.zero_grad()
         if scaler:

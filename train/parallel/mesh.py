@@ -109,6 +109,12 @@ def resolve_dims(parallel: ParallelConfig, model: ModelConfig, world_size: int, 
     if tp > 1 and model.dim_hidden % tp:
         raise ConfigError("parallel.tp", f"tensor dimension {tp} does not divide model.dim_hidden={model.dim_hidden}")
     dp = world_size // tp
+    if strategy == "fsdp" and tp > 1 and dp == 1:
+        raise ConfigError(
+            "parallel.tp",
+            f"fsdp with tp={tp} on {world_size} ranks leaves one data-parallel rank, nothing to shard over "
+            "(use parallel.strategy=tp, or more ranks than tp)",
+        )
     if strategy == "fsdp":
         return ParallelDims(dp_shard=dp, tp=tp)
     return ParallelDims(dp_replicate=dp, tp=tp)
