@@ -54,6 +54,8 @@ STRATEGY_GRID = {
 
 # --quick: one contender per rank count, enough to exercise every part of the report.
 QUICK_GRID = {1: ["single"], 2: ["ddp_bucketed"], 4: ["fsdp@tp2"]}
+# The strategy and averaging tables are CPU tables (gloo), also on a machine with GPUs.
+ON_CPU = "train.device=cpu"
 
 
 def say(msg: str) -> None:
@@ -73,7 +75,7 @@ def strategies_table(rounds: int, steps: int, grid: dict[int, list[str]]) -> lis
     for nprocs, labels in grid.items():
         say(f"strategies at {nprocs} rank(s): {', '.join(labels)}")
         out = bench_json("--strategies", ",".join(labels), "--nprocs", str(nprocs), "--rounds", str(rounds),
-                         "--steps", str(steps), "optim.momentum=0.9", "train.device=cpu")  # fmt: skip
+                         "--steps", str(steps), "optim.momentum=0.9", ON_CPU)  # fmt: skip
         rows += out["runs"]
     return rows
 
@@ -84,9 +86,7 @@ def averaging_table(rounds: int, quick: bool) -> dict:
     scaling study, whose saved fit gives the cost model's break-even interval."""
     say("parameter averaging / local SGD vs ddp and one rank (2 ranks)")
     labels, steps = ("single,param_avg@k4", "20") if quick else ("single,ddp,param_avg", "1000")
-    return bench_json(
-        "--strategies", labels, "--nprocs", "2", "--rounds", str(rounds), "--steps", steps, "train.device=cpu"
-    )
+    return bench_json("--strategies", labels, "--nprocs", "2", "--rounds", str(rounds), "--steps", steps, ON_CPU)
 
 
 def collectives(max_bytes: str) -> list[dict]:

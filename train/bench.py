@@ -14,7 +14,6 @@ the records their ranks write (the second half of the run, after warm-up).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -29,7 +28,7 @@ from train.config import Config, ConfigError, TrainConfig, load
 from train.data import BatchLoader, ShardedSampler, make_dataset
 from train.dist_env import DistEnv, from_environ
 from train.hangs import StallWatchdog
-from train.loop import run
+from train.loop import autocast_context, run
 from train.model import build_mlp, parameter_count
 from train.parallel.mesh import SINGLE_PROCESS
 from train.runs import launch, machine, run_ranks
@@ -55,8 +54,7 @@ def minimal_loop(cfg: Config, steps: int) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr)
     sampler = ShardedSampler(len(data.x_train), cfg.train.batch_size, cfg.train.seed)
     loss_fn = torch.nn.CrossEntropyLoss()
-    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.train.precision)
-    autocast = (lambda: torch.autocast(device.type, dtype=low)) if low else contextlib.nullcontext
+    autocast = autocast_context(cfg.train.precision, device)
     scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None
     start = 0.0
     for step in range(steps):

@@ -30,8 +30,12 @@ NON_FINITE_HINT = "lower optim.lr, or set train.stop_on_nonfinite=false to train
 
 
 def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
-    precision = cfg.train.precision
-    if precision == "fp32" or not trainable.autocast:
+    return autocast_context(cfg.train.precision, device) if trainable.autocast else contextlib.nullcontext
+
+
+def autocast_context(precision: str, device: torch.device):
+    """A factory of the autocast context of ``train.precision`` on ``device`` (none for fp32)."""
+    if precision == "fp32":
         return contextlib.nullcontext
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)

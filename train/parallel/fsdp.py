@@ -27,11 +27,11 @@ def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
         model = shard_tensor_parallel(model, ctx)
     # bf16 through FSDP's own policy (compute in bf16, reduce gradients in fp32), not autocast.
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # One rank (a laptop, one GPU) has no mesh (no dimension > 1): a mesh of one, nothing sharded,
+    # FSDP's code path and policy all the same.
+    mesh = ctx.mesh["dp"] if ctx.mesh is not None else init_device_mesh(ctx.device.type, (1,), mesh_dim_names=("dp",))
     options = {
-        # One rank (a laptop, one GPU): a mesh of one, nothing sharded, the same code path.
-        "mesh": ctx.mesh["dp"]
-        if ctx.mesh is not None
-        else init_device_mesh(ctx.device.type, (1,), mesh_dim_names=("dp",)),
+        "mesh": mesh,
         "reshard_after_forward": ctx.cfg.parallel.reshard_after_forward,
         "mp_policy": mp if ctx.cfg.train.precision == "bf16" else MixedPrecisionPolicy(),
     }
