@@ -11,11 +11,13 @@ after 20 steps its loss is within ``LOW_PRECISION_RTOL = 5%`` of fp32's, and mus
 from it (else autocast or the policy did nothing); fp16 with the GradScaler likewise.
 """
 
+import json
+
 import pytest
 import torch
 
 from bench.report import PEAK_FLOPS, mfu_rows
-from tests.conftest import ROOT
+from tests.conftest import ROOT, torchrun
 from tests.support.strategies import BASE, max_diff, run_strategy
 from train.config import Config, load
 from train.dist_env import DistEnv
@@ -97,6 +99,19 @@ def test_a_gpu_job_through_the_local_launcher_names_its_device(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:]
     log = (tmp_path / "single-gpu" / info["job_id"] / "rank_00000.log").read_text()
     assert "device cuda:0" in log
+
+
+@pytest.mark.gpu
+@cuda
+def test_preflight_checks_every_collective_over_nccl():
+    """torchrun's ranks see every GPU of the node: each binds its own before NCCL meets
+    (on one GPU, one rank: NCCL refuses two ranks on one device)."""
+    nprocs = min(2, torch.cuda.device_count())
+    result = torchrun(nprocs, "train.preflight", "--json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    verdict = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"ok"')))
+    assert verdict["ok"] and verdict["world_size"] == nprocs
+    assert [facts["device"] for facts in verdict["ranks"]] == [f"cuda:{rank}" for rank in range(nprocs)]
 
 
 # ----------------------------------------------------------------------------- on the CPU

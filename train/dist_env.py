@@ -229,13 +229,20 @@ def cpu_threads(env: DistEnv, environ: Mapping[str, str] | None = None) -> int |
     return max(1, (os.cpu_count() or 1) // env.local_world_size)
 
 
-def init_process_group(env: DistEnv, timeout_s: float) -> None:
-    import torch.distributed as dist  # lazy for start-up time, as above
-
+def use_device(env: DistEnv) -> None:
+    """Make the rank's GPU the current one before NCCL meets: NCCL binds a communicator to
+    the current device, which is cuda:0 until set, so ranks sharing a node's GPUs (SLURM's
+    --gpus-per-node, torchrun) would all land on GPU 0."""
     if env.backend == "nccl":
         import torch  # lazy for start-up time, as above
 
         torch.cuda.set_device(torch.device(env.device))
+
+
+def init_process_group(env: DistEnv, timeout_s: float) -> None:
+    import torch.distributed as dist  # lazy for start-up time, as above
+
+    use_device(env)
     # One rank of a distributed strategy (a laptop, one GPU, `python -m train parallel.strategy=fsdp`):
     # no peer to meet, so no port to take; the strategy still finds its group.
     meet = (
