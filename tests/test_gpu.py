@@ -17,12 +17,14 @@ import pytest
 import torch
 
 from bench.report import PEAK_FLOPS, mfu_rows
-from tests.conftest import ROOT, torchrun
+from tests.conftest import ROOT, docker_engine, torchrun
+from tests.jobs_helpers import submit
 from tests.support.strategies import BASE, max_diff, run_strategy
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
 from train.parallel.common import full_parameters
+from train.protocol import read_records, record_name
 
 GPU_ATOL = 1e-5
 LOW_PRECISION_RTOL = 0.05
@@ -93,8 +95,6 @@ def test_the_mfu_benchmark_end_to_end():
 @pytest.mark.gpu
 @cuda
 def test_a_gpu_job_through_the_local_launcher_names_its_device(tmp_path):
-    from tests.jobs_helpers import submit
-
     result, info = submit(str(ROOT / "jobs/single_gpu.yaml"), tmp_path, "cluster=local", "train.steps=50")
     assert result.returncode == 0, result.stdout[-3000:]
     log = (tmp_path / "single-gpu" / info["job_id"] / "rank_00000.log").read_text()
@@ -112,6 +112,27 @@ def test_preflight_checks_every_collective_over_nccl():
     verdict = json.loads(next(line for line in result.stdout.splitlines() if line.startswith('{"ok"')))
     assert verdict["ok"] and verdict["world_size"] == nprocs
     assert [facts["device"] for facts in verdict["ranks"]] == [f"cuda:{rank}" for rank in range(nprocs)]
+
+
+@pytest.mark.gpu
+@cuda
+def test_gpu_node_containers_train_on_their_own_gpus(tmp_path):
+    """cluster=docker with GPUs: node n's container gets this machine's GPU n (a device
+    request), where it is cuda:0, and the ranks meet over NCCL, across two containers where
+    there are two GPUs. Needs an engine with the NVIDIA container toolkit and the CUDA image."""
+    engine, image = docker_engine(), "torch-cluster-kit:latest"
+    if engine is None:
+        pytest.skip("no Docker engine answers here: GPU containers not checked")
+    if not engine.images.list(name=image):
+        pytest.skip(f"no {image} here (make build): GPU containers not checked")
+    nodes = min(2, torch.cuda.device_count())
+    result, info = submit(str(ROOT / "jobs/docker.yaml"), tmp_path, f"nodes={nodes}", "tasks_per_node=1",
+                          "gpus_per_node=1", "train.steps=50", timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(nodes):
+        start = next(read_records(f"{info['log_dir']}/{record_name(rank)}"))
+        assert (start["env"]["device"], start["env"]["backend"]) == ("cuda:0", "nccl")
+        assert start["env"]["launcher_vars"]["CUDA_VISIBLE_DEVICES"] == "0"
 
 
 # ----------------------------------------------------------------------------- on the CPU
