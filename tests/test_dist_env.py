@@ -52,24 +52,28 @@ def test_from_environ(env, want):
 
 
 @pytest.mark.parametrize(
-    "local_rank, want, visible, chosen",
+    "local_rank, want, visible, shared_by, chosen",
     [
-        (0, "auto", 0, ("gloo", "cpu")),  # no GPU: the CPU
-        (3, "auto", 1, ("nccl", "cuda:0")),  # --gpus-per-task=1: its one GPU
-        (3, "auto", 4, ("nccl", "cuda:3")),  # --gres=gpu:4 shared by the node's tasks
-        (1, "cpu", 4, ("gloo", "cpu")),
-        (1, "cuda", 2, ("nccl", "cuda:1")),
-        (0, "cuda", 0, "no CUDA device is visible"),
-        (2, "auto", 2, "local rank 2 has no GPU: only 2 visible"),
+        (0, "auto", 0, 1, ("gloo", "cpu")),  # no GPU: the CPU
+        (3, "auto", 1, 1, ("nccl", "cuda:0")),  # --gpus-per-task=1: its one GPU
+        (3, "auto", 4, 1, ("nccl", "cuda:3")),  # --gres=gpu:4 shared by the node's tasks
+        (3, "auto", 4, 4, ("nccl", "cuda:3")),  # torchrun --nproc-per-node=4 on 4 GPUs
+        (1, "cpu", 4, 1, ("gloo", "cpu")),
+        (1, "cpu", 1, 2, ("gloo", "cpu")),
+        (1, "cuda", 2, 1, ("nccl", "cuda:1")),
+        (0, "cuda", 0, 1, "no CUDA device is visible"),
+        (2, "auto", 2, 1, "local rank 2 has no GPU: only 2 visible"),
+        (1, "auto", 1, 2, "local rank 1 of 2 started by torchrun sees the same single GPU"),
+        (0, "cuda", 1, 2, "NCCL needs a GPU per rank"),
     ],
 )  # fmt: skip
-def test_each_rank_gets_its_device_from_what_it_sees(local_rank, want, visible, chosen):
+def test_each_rank_gets_its_device_from_what_it_sees(local_rank, want, visible, shared_by, chosen):
     """train.device against the GPUs a rank sees, whatever this machine has."""
     if isinstance(chosen, str):
         with pytest.raises(RuntimeError, match=chosen):
-            choose_device(local_rank, want, visible)
+            choose_device(local_rank, want, visible, shared_by)
     else:
-        assert choose_device(local_rank, want, visible) == chosen
+        assert choose_device(local_rank, want, visible, shared_by) == chosen
 
 
 def test_slurm_batch_step_is_not_a_rank():

@@ -129,21 +129,29 @@ def _tasks_per_node(env: Mapping[str, str], node: int) -> int:
     return counts[min(node, len(counts) - 1)]
 
 
-def _pick_device(local_rank: int, want: str) -> tuple[str, str]:
+def _pick_device(local_rank: int, want: str, shared_by: int) -> tuple[str, str]:
     import torch  # lazy for start-up time: the environment is read (and refused) before torch loads
 
     visible = torch.cuda.device_count() if want != "cpu" and torch.cuda.is_available() else 0
-    return choose_device(local_rank, want, visible)
+    return choose_device(local_rank, want, visible, shared_by)
 
 
-def choose_device(local_rank: int, want: str, visible: int) -> tuple[str, str]:
+def choose_device(local_rank: int, want: str, visible: int, shared_by: int = 1) -> tuple[str, str]:
     """(backend, device) of a rank that sees ``visible`` GPUs. One visible GPU (SLURM's
     --gpus-per-task) is cuda:0; several visible GPUs shared by the node's tasks (--gres=gpu:N)
-    give cuda:<local_rank>."""
+    give cuda:<local_rank>. ``shared_by``: how many ranks are known to see these same GPUs (a
+    torchrun agent's ranks all see the agent's); one GPU among several of them is refused
+    here rather than by NCCL at the first collective ("Duplicate GPU detected")."""
     if want == "cpu" or (want == "auto" and not visible):
         return "gloo", "cpu"
     if visible == 0:
         raise RuntimeError("train.device=cuda but no CUDA device is visible")
+    if visible == 1 and shared_by > 1:
+        raise RuntimeError(
+            f"local rank {local_rank} of {shared_by} started by torchrun sees the same single GPU as "
+            "the others, and NCCL needs a GPU per rank: start one rank per GPU (--nproc-per-node), "
+            "or train.device=cpu to train with gloo"
+        )
     index = 0 if visible == 1 else local_rank
     if index >= visible:
         raise RuntimeError(f"local rank {local_rank} has no GPU: only {visible} visible")
@@ -181,7 +189,10 @@ def from_environ(env: Mapping[str, str] | None = None, device: str | None = "aut
         launcher, rank, world, local_rank, local_world, node, addr = "none", 0, 1, 0, 1, 0, "127.0.0.1"
     port = int(get("MASTER_PORT") or (master_port_for_job(job_id) if job_id else 29500))
     # device=None: who and where only (the rank shim, before the user's program picks its device)
-    backend, dev = _pick_device(local_rank, device) if device is not None else ("", "")
+    # torchrun's ranks on a node see its GPUs alike; the kit's local launcher, which exports
+    # torchrun's variables too, gives each rank its own (and no TORCHELASTIC_RUN_ID).
+    shared_by = local_world if "TORCHELASTIC_RUN_ID" in env else 1
+    backend, dev = _pick_device(local_rank, device, shared_by) if device is not None else ("", "")
     return DistEnv(
         rank=rank,
         local_rank=local_rank,
