@@ -4,7 +4,9 @@
 ``start`` on a running cluster only checks it. Needs root; installs Debian's slurm-wlm and
 munge when they are missing. Follows the verified recipe (shared/notes/slurm-minicluster.md):
 the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_DEVICES per
-task exactly as it does on a GPU cluster.
+task exactly as it does on a GPU cluster. On a machine with real GPUs those numbers name
+real ones (task 0 of a node sees GPU 0, ...), so a job there picks CUDA on some ranks and not
+others: give it ``train.device=cpu``.
 
 It refuses to touch an /etc/slurm/slurm.conf that it did not write (a real cluster's).
 
