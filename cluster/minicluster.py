@@ -5,8 +5,8 @@
 munge when they are missing. Follows the verified recipe (shared/notes/slurm-minicluster.md):
 the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_DEVICES per
 task exactly as it does on a GPU cluster. On a machine with real GPUs those numbers name
-real ones (task 0 of a node sees GPU 0, ...), so a job there picks CUDA on some ranks and not
-others: give it ``train.device=cpu``.
+real ones (task 0 of every node sees GPU 0, ...): its nodes' ranks would share GPUs, or where
+there are fewer, some would train on the CPU. Give jobs there ``train.device=cpu``.
 
 It refuses to touch an /etc/slurm/slurm.conf that it did not write (a real cluster's).
 
