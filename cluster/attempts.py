@@ -47,6 +47,7 @@ from train.protocol import (
     never_joined,
     never_joined_message,
     parse_time_limit_signal,
+    recent_records,
 )
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
@@ -245,10 +246,13 @@ def the_failure(job_dir: JobDir, attempt: dict) -> dict:
 
 
 def attempt_records(job_dir: JobDir, world: int, since: float) -> dict[int, list[dict]]:
-    """Each rank's records written since the attempt began."""
+    """Each rank's records written since the attempt began, as far as its outcome needs them: a
+    long attempt's last records, its start and its last step (``recent_records``; every record
+    of thousands of ranks would delay the restart by minutes)."""
     out = {}
     for rank in range(world):
-        out[rank] = [r for r in job_dir.records(rank) if r.get("time", 0) >= since]
+        path = job_dir.records_file(rank)
+        out[rank] = [r for r in recent_records(path) if r.get("time", 0) >= since] if path.exists() else []
     return out
 
 

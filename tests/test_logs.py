@@ -11,6 +11,7 @@ from cluster.logs.triage import forked_map, inspect
 from cluster.stacks import compress
 from tests.conftest import run_module
 from tests.support.synthetic import START, make_job, stamp
+from train.protocol import RECENT_BYTES, RecordWriter, read_records, recent_records, record_name
 
 
 def test_crash_names_first_rank_by_time_and_groups_the_cascade(tmp_path):
@@ -36,6 +37,51 @@ def test_straggler_is_flagged(tmp_path):
     report = inspect(make_job(tmp_path, world=6, slow_rank=4), running=False, straggler_margin=0.2)
     assert report.stragglers == [4] and report.first_failure is None
     assert all(r.state == "completed" for r in report.ranks)
+
+
+def write_long_run(run_dir, rank: int, steps: int, then: tuple[tuple[str, dict], ...] = ()) -> None:
+    """A long run's records, by the ranks' own writer (its format is what the byte search reads):
+    an attempt of ``steps`` step records (days of them, at one every 5 s), then ``then``."""
+    writer = RecordWriter(run_dir, rank)
+    writer.write("start", pid=1)
+    for step in range(1, steps + 1):
+        writer.write("step", step=step, step_ms=10.0, train_loss=None, samples_per_s=None)
+    for event, fields in then:
+        writer.write(event, **fields)
+    writer.close()
+
+
+def test_a_long_runs_records_are_read_from_their_end(tmp_path):
+    """Not every record of days of them: the last RECENT_BYTES' worth, the last attempt's start
+    and the last step written before those, in the file's order; a short file whole."""
+    # A second attempt that failed at once, in words that spell a start record, and saved a lot.
+    second = (("start", {"pid": 2}), ("failed", {"step": 3000, "error": 'ValueError: {"event": "start"}'}),
+              *(("checkpoint", {"step": 3000, "seconds": 0.5}) for _ in range(2000)))  # fmt: skip
+    write_long_run(tmp_path, 0, 3000, second)
+    path = tmp_path / record_name(0)
+    assert path.stat().st_size > 4 * RECENT_BYTES
+    everything = list(read_records(path))
+    recent = recent_records(path)
+    # No step and no start among the last records (checkpoints): both are found before them.
+    assert [r["event"] for r in recent[:2]] == ["step", "start"] and recent[0]["step"] == 3000
+    assert recent[1]["pid"] == 2  # the last attempt's start, not the failed record after it
+    assert recent[2:] == everything[-len(recent) + 2 :] and len(recent) < len(everything) / 4
+    write_long_run(tmp_path / "short", 0, 10)
+    assert recent_records(tmp_path / "short" / record_name(0)) == list(
+        read_records(tmp_path / "short" / record_name(0))
+    )
+
+
+def test_a_long_runs_rank_stands_as_its_every_record_says(tmp_path):
+    """inspect reads a long run's records from their end; with --plot's step times it reads them
+    all: both give each rank the same state, last step, error and times."""
+    job = make_job(tmp_path, world=4, crash_rank=1)
+    write_long_run(job, 2, 5000, (("end", {"exit_code": 0, "steps": 5000}),))
+    fields = lambda r: {k: v for k, v in r.__dict__.items() if k != "log"}  # noqa: E731
+    recent, whole = inspect(job, running=False), inspect(job, running=False, step_times=True)
+    assert [fields(r) for r in recent.ranks] == [fields(r) for r in whole.ranks]
+    assert (recent.ranks[2].state, recent.ranks[2].last_step) == ("completed", 5000)
+    assert recent.first_failure == whole.first_failure and recent.first_failure["rank"] == 1
 
 
 def test_parse_traceback_keeps_user_frames_only():

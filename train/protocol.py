@@ -192,6 +192,7 @@ class RecordWriter:
         self._file = self.path.open("a", buffering=1)
 
     def write(self, event: str, **fields: Any) -> None:
+        # "event" first, as json.dumps spells it: readers find an event's lines by a byte search
         record = {"event": event, "rank": self.rank, "time": round(time.time(), 3), **fields}
         if event == "start":  # start-up counts from the launch, not from after torch's import
             record["launched"] = process_started()
@@ -215,6 +216,41 @@ def process_started() -> float | None:
 
 def read_records(path: str | Path) -> Iterator[dict]:
     """Every well-formed record; a line cut short by a crash is skipped."""
+    yield from parse_records(read_whole(path))
+
+
+# A long run's records file is megabytes (a record every 5 s for days); how a rank stands is in
+# its last records. This much from the end holds about 500 step records.
+RECENT_BYTES = 64 << 10
+
+
+def recent_records(path: str | Path, before: tuple[str, ...] = ("start", "step")) -> list[dict]:
+    """A rank's records as far as its state needs them, without parsing a long run's every
+    one: those in the file's last ``RECENT_BYTES``, preceded, for each event in ``before``
+    that none of them is, by the last record of it written earlier (the last attempt's start,
+    the last step). A shorter file: every record."""
+    data = read_whole(path)
+    if len(data) <= RECENT_BYTES:
+        return parse_records(data)
+    cut = data.find(b"\n", len(data) - RECENT_BYTES) + 1  # the window's first whole line
+    recent = parse_records(data[cut:])
+    missing = set(before) - {r.get("event") for r in recent}
+    found = sorted(at for event in missing if (at := last_line_of(data, event, cut)) != -1)
+    return [r for at in found for r in parse_records(data[at : data.index(b"\n", at)])] + recent
+
+
+def last_line_of(data: bytes, event: str, end: int) -> int:
+    """Where the last record of ``event`` before ``end`` begins; -1: none. RecordWriter
+    writes "event" first, spelled as json.dumps spells it, so a byte search finds its lines
+    (inside a record's string the quotes would be escaped)."""
+    prefix = b'{"event": ' + json.dumps(event).encode()
+    at = data.rfind(prefix, 0, end)
+    while at > 0 and data[at - 1] != ord("\n"):  # not at a line's start: not a record's
+        at = data.rfind(prefix, 0, at)
+    return at
+
+
+def read_whole(path: str | Path) -> bytes:
     fd = os.open(path, os.O_RDONLY)  # no file object: the log inspector reads 16,384 of these
     try:
         # The size it has, plus one byte: a read that fills that much means it grew since. Not a
@@ -226,13 +262,19 @@ def read_records(path: str | Path) -> Iterator[dict]:
             data += os.read(fd, want - len(data))
     finally:
         os.close(fd)
+    return data
+
+
+def parse_records(data: bytes) -> list[dict]:
+    """The well-formed records of a records file's bytes; a line cut short by a crash is skipped."""
     try:  # one parse for the whole file, by orjson: the log inspector reads 16,384 of them
-        yield from orjson.loads(b"[" + data.strip().replace(b"\n", b",") + b"]")
-        return
+        return orjson.loads(b"[" + data.strip().replace(b"\n", b",") + b"]")
     except orjson.JSONDecodeError:  # also invalid UTF-8
         pass
+    records = []
     for line in data.splitlines():
         try:
-            yield orjson.loads(line)
+            records.append(orjson.loads(line))
         except orjson.JSONDecodeError:
             continue
+    return records

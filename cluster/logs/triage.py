@@ -30,7 +30,7 @@ from cluster.jobdir import ATTEMPTS, JobDir
 from cluster.logs.kills import SchedulerKills, scheduler_kill
 from cluster.logs.scan import scan_log
 from cluster.stacks import CASCADE
-from train.protocol import read_records, record_name
+from train.protocol import read_records, recent_records, record_name
 
 # Jobs with at least this many ranks per CPU core are read by one process per core.
 PARALLEL_FROM = 128
@@ -55,7 +55,7 @@ class RankReport:
     state: str = "unknown"
     last_step: int | None = None
     last_loss: float | None = None
-    median_step_ms: float | None = None
+    median_step_ms: float | None = None  # of its recent steps (train.protocol.recent_records)
     last_time: float | None = None
     attempts: int = 1
     pid: int | None = None
@@ -252,8 +252,10 @@ def rank_reports(
         if records_name in names:
             # One pass over the records (thousands of ranks: every step of it counts). A start
             # record begins an attempt; the last attempt's records decide how the rank ended.
+            # Those of a long run: its last ones, its attempt's start and its last step.
+            path = job_dir.file(records_name)
             latest, step, attempt_step = 0.0, None, None
-            for rec in read_records(job_dir.file(records_name)):
+            for rec in read_records(path) if keep_step_times else recent_records(path):
                 event, at = rec.get("event"), rec.get("time") or 0.0
                 latest = max(latest, at)
                 if event == "step":
