@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
-from train.errors import ConfigError
 from train.protocol import ATTEMPT_VAR, master_port_for_job
 
 # Raw launcher variables kept in each rank's start record, so a run can be checked
@@ -146,17 +145,16 @@ def choose_device(local_rank: int, want: str, visible: int, shared_by: int = 1) 
     if want == "cpu" or (want == "auto" and not visible):
         return "gloo", "cpu"
     if visible == 0:
-        raise ConfigError("train.device", "cuda, but no CUDA device is visible")
+        raise RuntimeError("train.device=cuda but no CUDA device is visible")
     if visible == 1 and shared_by > 1:
-        raise ConfigError(
-            "train.device",
+        raise RuntimeError(
             f"local rank {local_rank} of {shared_by} started by torchrun sees the same single GPU as "
             "the others, and NCCL needs a GPU per rank: start one rank per GPU (--nproc-per-node), "
-            "or train.device=cpu to train with gloo",
+            "or train.device=cpu to train with gloo"
         )
     index = 0 if visible == 1 else local_rank
     if index >= visible:
-        raise ConfigError("train.device", f"local rank {local_rank} has no GPU: only {visible} visible")
+        raise RuntimeError(f"local rank {local_rank} has no GPU: only {visible} visible")
     return "nccl", f"cuda:{index}"
 
 
