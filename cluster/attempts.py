@@ -47,7 +47,6 @@ from train.protocol import (
     never_joined,
     never_joined_message,
     parse_time_limit_signal,
-    recent_records,
 )
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
@@ -251,8 +250,7 @@ def attempt_records(job_dir: JobDir, world: int, since: float) -> dict[int, list
     of thousands of ranks would delay the restart by minutes)."""
     out = {}
     for rank in range(world):
-        path = job_dir.records_file(rank)
-        out[rank] = [r for r in recent_records(path) if r.get("time", 0) >= since] if path.exists() else []
+        out[rank] = [r for r in job_dir.recent_records(rank) if r.get("time", 0) >= since]
     return out
 
 

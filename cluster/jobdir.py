@@ -41,6 +41,7 @@ from train.protocol import (
     node_log_name,
     preflight_log_name,
     read_records,
+    recent_records,
     record_name,
     result_pickle_name,
     submitted_pickle_name,
@@ -256,6 +257,11 @@ class JobDir:
         """Rank ``rank``'s JSON records (train.protocol); empty before it wrote any."""
         path = self.records_file(rank)
         return list(read_records(path)) if path.exists() else []
+
+    def recent_records(self, rank: int) -> list[dict]:
+        """``records`` as far as a rank's state needs them (train.protocol.recent_records)."""
+        path = self.records_file(rank)
+        return recent_records(path) if path.exists() else []
 
     def world_size(self) -> int:
         """The planned world size; without a plan, one past the highest rank with a file."""
