@@ -418,8 +418,8 @@ RESUMABLE = [*FIT, "gpus_per_node=2", "requeue=true", f"train.steps={STEPS}", "t
 FINAL = f"checkpoints/step_{STEPS:07d}"  # the last checkpoint: every run of these ends there
 
 
-# The effective training time ratio of the same job uninterrupted, requeued, restarted
-# (cluster logs --goodput): filled by the tests below as they run, compared where both are known.
+# The effective training time ratio of the same job uninterrupted (cluster logs --goodput), filled
+# by the fixture below: every interrupted run of that job must come out lower.
 ETTR: dict[str, float] = {}
 
 
@@ -475,7 +475,6 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
     print(f"goodput of a requeue ({how}): {json.dumps(ledger)}")
     assert len(ledger["attempts"]) == 2 and ledger["categories"]["restart"] > 0
     assert ledger["ettr"] < ETTR["uninterrupted"]
-    ETTR[how] = ledger["ettr"]
 
 
 # ----------------------------------------------------------------------------- restarts
@@ -536,11 +535,11 @@ def check_goodput_of_a_restart(job_dir, how: str):
     ledger, advice = ledger_of(job_dir), report["advice"]
     print(f"goodput: {json.dumps(ledger, indent=1)}\nadvice: {advice}")
     c = ledger["categories"]
-    # Lower than uninterrupted; ranks killed at step 120 and restarted: higher than the job
-    # requeued at step 100 (what the restart saved: the requeue's time back through SLURM).
+    # Lower than uninterrupted (a restart costs start-up and lost work). Not compared with the
+    # requeued job's ratio: that difference is SLURM's trip back through the queue, whose length
+    # varies run to run (one CI run: 0.335 here against 0.342 requeued, usually 0.36 against
+    # 0.20); `make bench` measures the two side by side in one run instead.
     assert ETTR["uninterrupted"] > ledger["ettr"]
-    if how == "ranks killed":
-        assert ledger["ettr"] > ETTR.get("scontrol requeue", 0)
     records = list(read_records(job_dir / "rank_00000.jsonl"))
     resumed = next(r["step"] for r in records if r["event"] == "resume")
     starts = [i for i, r in enumerate(records) if r["event"] == "start"]
