@@ -523,10 +523,10 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     assert 0 <= first["recomputed_steps"] <= 50 and first["recovery_s"] > 0
     text = run_module("cluster", "logs", str(job_dir)).stdout
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
-    check_goodput_of_a_restart(job_dir, how)
+    check_goodput_of_a_restart(job_dir)
 
 
-def check_goodput_of_a_restart(job_dir, how: str):
+def check_goodput_of_a_restart(job_dir):
     """The ledger of a job restarted once: its parts add up to the wall time, the work lost is
     the steps after the checkpoint resumed from at the measured step time, the restart is its
     own category, the simulator replaying that failure against the measured costs predicts
