@@ -117,7 +117,8 @@ def time_op(op: str, nbytes: int, device: torch.device, iters: int) -> float:
     for _ in range(iters):
         call()
     _sync(device)
-    elapsed = torch.tensor([time.perf_counter() - start])
+    # On the collective's device: NCCL has no CPU tensors ("No backend type associated with device type cpu").
+    elapsed = torch.tensor([time.perf_counter() - start], device=device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank defines the collective's time
     return elapsed.item() / iters
 
