@@ -9,7 +9,9 @@
   first training step, the built-in trainer and a user's torchrun script through the shim
   (``jobs/cnn.yaml``), against a minimal probe on the same nodes: an sbatch script whose srun'd
   ranks import torch, ``init_process_group`` and do one all_reduce; and the same probe that
-  also builds one torch optimizer (what any training program pays: see OPTIMIZER).
+  also builds one torch optimizer (what any training program pays: see OPTIMIZER). With
+  ``--tasks-per-node 1`` the same on 2 nodes x 1 task: as many ranks as this machine's two
+  cores, where 2 x 2 puts four ranks' imports on two cores.
 - **Goodput**: the ledger (``cluster logs --goodput``) of the same job uninterrupted, with its
   second node lost and restarted on the spare, requeued at the same step instead, and hung
   (a rank of the second node stops; the stall watchdog ends the attempt, the spare replaces
@@ -21,6 +23,7 @@ Each contender runs once per round, interleaved, and the medians are reported.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -36,12 +39,13 @@ from cluster.jobdir import JobDir
 from cluster.poll import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-FIT = ["cpus_per_task=1", "mem=", "exclusive=false", "gpus_per_node=2", "env.OMP_NUM_THREADS=1", "time=00:10:00"]
-RUN = [*FIT, "train.steps=400", "train.log_every=10", "train.ckpt_every=50"]
+FIT = ["cpus_per_task=1", "mem=", "exclusive=false", "env.OMP_NUM_THREADS=1", "time=00:10:00"]
+TASKS_PER_NODE = 2  # one task a planned GPU: 2 nodes x 2 ranks
+RUN = [*FIT, f"gpus_per_node={TASKS_PER_NODE}", "train.steps=400", "train.log_every=10", "train.ckpt_every=50"]
 FAIL_AT = 60  # the step at or after which the failure comes (a checkpoint at 50)
 PROBE = """#!/bin/bash
 #SBATCH --nodes=2
-#SBATCH --ntasks-per-node=2
+#SBATCH --ntasks-per-node={tasks}
 #SBATCH --cpus-per-task=1
 #SBATCH --time=00:05:00
 #SBATCH --output={out}/slurm-%j.log
@@ -149,9 +153,9 @@ def ledger(job_dir: Path) -> dict:
 OPTIMIZER = "torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
 
 
-def probe(tmp: Path, extra: str = "") -> tuple[float, Path]:
+def probe(tmp: Path, tasks: int, extra: str = "") -> tuple[float, Path]:
     script = tmp / "probe.sbatch"
-    script.write_text(PROBE.format(out=tmp, python=sys.executable, extra=extra))
+    script.write_text(PROBE.format(out=tmp, python=sys.executable, extra=extra, tasks=tasks))
     start = time.time()
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True)
     job_id = job_id.stdout.strip().split(";")[0]
@@ -188,10 +192,10 @@ def first_steps(job_dir: Path) -> list[float] | None:
     return [f[0]["time"] for f in firsts] if all(firsts) else None
 
 
-def kit_start(tmp: Path, spec: str = "jobs/multi_node.yaml", *overrides: str) -> tuple[float, Path]:
-    """Submission -> every rank's first training step (FIT: 2 nodes x 2 tasks)."""
+def kit_start(tmp: Path, tasks: int, spec: str, *overrides: str) -> tuple[float, Path]:
+    """Submission -> every rank's first training step (2 nodes x ``tasks``)."""
     start = time.time()
-    job_dir = submit(tmp, *FIT, *overrides, spec=spec)
+    job_dir = submit(tmp, *FIT, f"gpus_per_node={tasks}", *overrides, spec=spec)
     try:
         firsts = wait_until(lambda: first_steps(job_dir), 300, "every rank's first step", 0.05)
     finally:
@@ -214,9 +218,9 @@ def startup_phases(job_dir: Path) -> dict[str, float]:
 STARTUP_PHASES = ("queued", "srun", "to the start record", "to the first step")
 
 
-def user_start(tmp: Path) -> tuple[float, Path]:
+def user_start(tmp: Path, tasks: int) -> tuple[float, Path]:
     """The same through the shim: jobs/train_cnn.py, a torchrun script (2 steps)."""
-    return kit_start(tmp, "jobs/cnn.yaml", f'program.args=[--steps,"2",--ckpt,{tmp}/cnn.pt]')
+    return kit_start(tmp, tasks, "jobs/cnn.yaml", f'program.args=[--steps,"2",--ckpt,{tmp}/cnn.pt]')
 
 
 # The goodput table's runs: (its row, the figure the contender reports)
@@ -227,18 +231,21 @@ GOODPUT_RUNS = {"uninterrupted": "uninterrupted_ettr", "a node lost, restarted o
 # What a restart costs and where the job's time goes: (figure, job directory) each
 RESTART_RUNS = {"in_allocation_s": in_allocation, "requeue_s": requeued, "uninterrupted_ettr": uninterrupted,
                 "hang_ettr": hung}  # fmt: skip
+# The start-up contenders, each given its directory and the tasks per node
 STARTUP_RUNS = {
     "probe_s": probe,
-    "probe_optimizer_s": lambda tmp: probe(tmp, OPTIMIZER),
-    "kit_s": lambda tmp: kit_start(tmp, "jobs/multi_node.yaml", "train.steps=2", "train.log_every=1"),
+    "probe_optimizer_s": lambda tmp, tasks: probe(tmp, tasks, OPTIMIZER),
+    "kit_s": lambda tmp, tasks: kit_start(tmp, tasks, "jobs/multi_node.yaml", "train.steps=2", "train.log_every=1"),
     "user_s": user_start,
 }
 
 
-def measure(rounds: int, plot: Path | None = None, startup_only: bool = False) -> dict:
+def measure(rounds: int, plot: Path | None = None, startup_only: bool = False,
+            tasks_per_node: int = TASKS_PER_NODE) -> dict:  # fmt: skip
     """Medians of ``rounds`` interleaved runs of each contender; the last round's ledgers and
     start-up phases."""
-    contenders = STARTUP_RUNS if startup_only else {**RESTART_RUNS, **STARTUP_RUNS}
+    startups = {name: functools.partial(run, tasks=tasks_per_node) for name, run in STARTUP_RUNS.items()}
+    contenders = startups if startup_only else {**RESTART_RUNS, **startups}
     seen: dict[str, list[float]] = {k: [] for k in contenders}
     jobs: dict[str, Path] = {}  # the last round's
     launched = {k: [] for k in STARTUP_RUNS}  # the start-ups from the batch script's start
@@ -264,15 +271,16 @@ def measure(rounds: int, plot: Path | None = None, startup_only: bool = False) -
     result = {k: statistics.median(v) for k, v in seen.items()}
     ratios = {f"{kit}{since}_vs_{base}": result[f"{kit}_s{since}"] / result[f"{base}_s{since}"]
               for kit in ("kit", "user") for base in ("probe", "probe_optimizer") for since in ("", "_from_launch")}  # fmt: skip
-    return {**result, **ratios, "all": seen, "rounds": rounds, "goodput": ledgers, "phases": phases}
+    return {**result, **ratios, "all": seen, "rounds": rounds, "goodput": ledgers, "phases": phases,
+            "tasks_per_node": tasks_per_node}  # fmt: skip
 
 
 def markdown(r: dict) -> list[str]:
     """The docs' lines; a start-up-only run (``--startup``) has no recovery or goodput runs."""
     every = lambda k: ", ".join(f"{v:.1f}" for v in r["all"][k])  # noqa: E731
     startup = [
-        f"- Start-up, which a restart pays again: submission to every rank's first training step (median of"
-        f" {r['rounds']}), the built-in trainer {r['kit_s']:.1f} s ({every('kit_s')}) and a torchrun script through"
+        f"- Start-up, which a restart pays again, on 2 nodes x {r['tasks_per_node']} tasks: submission to every rank's"
+        f" first training step (median of {r['rounds']}), the built-in trainer {r['kit_s']:.1f} s ({every('kit_s')}) and a torchrun script through"
         f" the shim (`jobs/cnn.yaml`) {r['user_s']:.1f} s ({every('user_s')}), vs a minimal probe (srun,"
         f" `init_process_group`, one all_reduce) {r['probe_s']:.1f} s ({every('probe_s')}): **ratios"
         f" {r['kit_vs_probe']:.2f} and {r['user_vs_probe']:.2f}** (goal <= 1.5). The same probe that also builds one"
@@ -325,11 +333,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plot", type=Path, help="draw the node-loss run's goodput timeline to this PNG")
     parser.add_argument("--startup", action="store_true", help="the start-up contenders only (about a minute a round)")
+    parser.add_argument("--tasks-per-node", type=int, default=TASKS_PER_NODE,
+                        help="the start-up contenders' tasks on each of their 2 nodes (default: %(default)s)")  # fmt: skip
     args = parser.parse_args(argv)
     if not minicluster.is_up():
         print("error: the SLURM minicluster is not up (make minicluster)", file=sys.stderr)
         return 2
-    result = measure(args.rounds, args.plot, args.startup)
+    result = measure(args.rounds, args.plot, args.startup, args.tasks_per_node)
     print(json.dumps(result, indent=1) if args.json else "\n".join(markdown(result)))
     return 0
 
