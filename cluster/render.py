@@ -63,15 +63,10 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
         lines.append("")
         lines += list(request.setup)
     if TRAIN_CONFIG in files:
-        lines += [
-            "",
-            "# The training configuration, passed unchanged to every rank.",
-            f"cat > \"$JOB_DIR/{TRAIN_CONFIG}\" <<'TRAIN_YAML'",
-            files[TRAIN_CONFIG].rstrip("\n"),
-            "TRAIN_YAML",
-        ]
-    lines += ["", "# The rank plan, for `python -m cluster logs`.", f"cat > \"$JOB_DIR/{PLAN}\" <<'PLAN_JSON'"]
-    lines += [files[PLAN], "PLAN_JSON"]
+        lines += ["", "# The training configuration, passed unchanged to every rank."]
+        lines += written_whole(TRAIN_CONFIG, files[TRAIN_CONFIG].rstrip("\n"), "TRAIN_YAML")
+    lines += ["", "# The rank plan, for `python -m cluster logs` (its time marks each launch)."]
+    lines += written_whole(PLAN, files[PLAN], "PLAN_JSON")
     if request.restarts:
         lines += ["", *attempts_start(spec, plan, request)]
     comments, commands = [], []
@@ -90,6 +85,13 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
         for comment, command in zip(comments, commands):
             lines += ["", comment, command]
     return "\n".join(lines) + "\n"
+
+
+def written_whole(name: str, text: str, tag: str) -> list[str]:
+    """A here-document to a temporary file, renamed into place: the file is rewritten at each
+    launch (a requeue too) while `cluster logs` or `status` may be reading it, and a reader must
+    find the whole of it, never the empty file that ``cat >`` leaves until it has written."""
+    return [f"cat > \"$JOB_DIR/{name}.tmp\" <<'{tag}'", text, tag, f'mv -f "$JOB_DIR/{name}.tmp" "$JOB_DIR/{name}"']
 
 
 def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:

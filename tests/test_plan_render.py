@@ -1,6 +1,7 @@
 """Plan and render are pure functions: table tests, golden scripts, and the bad-spec table."""
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -136,6 +137,17 @@ def test_render_matches_golden(name, path, overrides, request):
         golden.write_text(text)
     assert text == golden.read_text(), f"rendered script changed; if intended: pytest {__file__} --update-golden"
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_the_batch_script_writes_its_files_whole():
+    """Each launch (a requeue too) rewrites plan.json while `cluster logs` or `status` may read
+    it: every file a script writes goes to a temporary name first and is renamed into place."""
+    for golden in GOLDEN.glob("*.sbatch"):
+        text = golden.read_text()
+        written = re.findall(r"""^cat > "\$JOB_DIR/([^"]+)" <<'(\w+)'$""", text, re.M)
+        assert "plan.json.tmp" in {name for name, _ in written}, golden.name
+        for name, tag in written:
+            assert name.endswith(".tmp") and f'\n{tag}\nmv -f "$JOB_DIR/{name}" "$JOB_DIR/{name[:-4]}"\n' in text
 
 
 def test_rendered_script_essentials():
