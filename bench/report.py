@@ -199,8 +199,8 @@ def restart_costs(rounds: int) -> dict | None:
         return None
     say("restarts: recovery in the allocation vs a requeue; start-up vs a probe (SLURM)")
     result = restart_bench.measure(rounds, DOCS / "goodput.png")
-    # Start-up again with as many ranks as this machine has cores (2 x 1): with 2 x 2, four
-    # ranks' imports share two cores, and that contention, not the kit, sets the ratio to the probe.
+    # Start-up again with one rank per core (2 x 1; 2 x 2 puts four ranks on this machine's two
+    # cores): whether sharing cores or what every rank imports sets the ratio to the probe.
     say("start-up vs a probe on 2 nodes x 1 task (SLURM)")
     return result | {"one_task_per_node": restart_bench.measure(rounds, startup_only=True, tasks_per_node=1)}
 

@@ -10,8 +10,8 @@
   (``jobs/cnn.yaml``), against a minimal probe on the same nodes: an sbatch script whose srun'd
   ranks import torch, ``init_process_group`` and do one all_reduce; and the same probe that
   also builds one torch optimizer (what any training program pays: see OPTIMIZER). With
-  ``--tasks-per-node 1`` the same on 2 nodes x 1 task: as many ranks as this machine's two
-  cores, where 2 x 2 puts four ranks' imports on two cores.
+  ``--tasks-per-node 1`` the same on 2 nodes x 1 task: one rank per core of this machine,
+  where 2 x 2 puts four ranks on its two cores.
 - **Goodput**: the ledger (``cluster logs --goodput``) of the same job uninterrupted, with its
   second node lost and restarted on the spare, requeued at the same step instead, and hung
   (a rank of the second node stops; the stall watchdog ends the attempt, the spare replaces
@@ -172,7 +172,8 @@ def probe(tmp: Path, tasks: int, extra: str = "") -> tuple[float, Path]:
 def from_launch(run: Path) -> float:
     """The batch script's start -> every rank's first step (a kit's job directory) or the
     probe's all_reduce (its log): the start-up without the scheduler's queue, which neither
-    controls (0-3 s on the minicluster, at random: slurmctld's scheduling passes)."""
+    controls (about 0.9 s on the minicluster; up to 3 s more at random before it set
+    batch_sched_delay=0)."""
     if run.is_file():
         at = {x.split(" at ")[0]: float(x.split()[-1]) for x in run.read_text().splitlines() if " at " in x}
         return at["first all_reduce"] - at["batch start"]
@@ -287,8 +288,8 @@ def markdown(r: dict) -> list[str]:
         f" torch optimizer, as every training program does (its first one imports torch._dynamo, about 1 s of CPU"
         f" per rank): {r['probe_optimizer_s']:.1f} s ({every('probe_optimizer_s')}): **ratios"
         f" {r['kit_vs_probe_optimizer']:.2f} and {r['user_vs_probe_optimizer']:.2f}**.",
-        f"- The same from the batch script's start (SLURM's queue left out: 0-3 s here at random, for the probe as"
-        f" for the kit): built-in trainer {r['kit_s_from_launch']:.1f} s ({every('kit_s_from_launch')}), your script"
+        f"- The same from the batch script's start (SLURM's queue left out, which neither the probe nor the kit"
+        f" controls): built-in trainer {r['kit_s_from_launch']:.1f} s ({every('kit_s_from_launch')}), your script"
         f" {r['user_s_from_launch']:.1f} s ({every('user_s_from_launch')}), probe {r['probe_s_from_launch']:.1f} s"
         f" ({every('probe_s_from_launch')}), probe with an optimizer {r['probe_optimizer_s_from_launch']:.1f} s"
         f" ({every('probe_optimizer_s_from_launch')}): **ratios to the probe {r['kit_from_launch_vs_probe']:.2f} and"
