@@ -172,8 +172,7 @@ def probe(tmp: Path, tasks: int, extra: str = "") -> tuple[float, Path]:
 def from_launch(run: Path) -> float:
     """The batch script's start -> every rank's first step (a kit's job directory) or the
     probe's all_reduce (its log): the start-up without the scheduler's queue, which neither
-    controls (about 0.9 s on the minicluster; up to 3 s more at random before it set
-    batch_sched_delay=0)."""
+    controls (0.7 or 2.9 s on the minicluster, at random: SLURM's batch_sched_delay)."""
     if run.is_file():
         at = {x.split(" at ")[0]: float(x.split()[-1]) for x in run.read_text().splitlines() if " at " in x}
         return at["first all_reduce"] - at["batch start"]

@@ -94,9 +94,6 @@ KillWait=5
 UnkillableStepTimeout=30
 MinJobAge=600
 JobRequeue=1
-# A batch job starts at submission: SLURM may otherwise put off scheduling it for up to 3 s
-# (batch_sched_delay), at random, a delay in every test and benchmark here, not the kit's.
-SchedulerParameters=batch_sched_delay=0
 StateSaveLocation={STATE}/state
 SlurmdSpoolDir={STATE}/spool/%n
 SlurmctldPidFile={STATE}/slurmctld.pid
