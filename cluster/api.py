@@ -20,7 +20,6 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from inspect import signature
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from cluster import sweeps as sweep_module
 from cluster.attempt_history import restarts_used, summary
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State
+from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
 from cluster.jobdir import JobDir
 from cluster.logs.sweep_table import sweep_table
 from cluster.logs.triage import Report, inspect
@@ -87,7 +87,10 @@ def dry_run(
     for a function (``dry_run(fn, spec=..., **overrides)``) on SLURM, the script submitit
     would submit."""
     if callable(job):
-        return dry_run_loaded(*function_spec(spec, override_texts(values=function_arguments(job, values)[1])))
+        arguments, values = split_keywords(job, values)
+        check_keywords(job, list(values))
+        bind(job, overrides, arguments)
+        return dry_run_loaded(*function_spec(spec, override_texts(values=values)))
     the_spec, the_plan = load_spec(job, override_texts(overrides, values))
     return dry_run_loaded(the_spec, the_plan, source_of(job))
 
@@ -102,18 +105,15 @@ def submit(
     if callable(job):
         from submitit.helpers import DelayedSubmission  # lazy: 45 ms that only a function's job needs
 
-        arguments, values = function_arguments(job, values)
-        return submit_function(DelayedSubmission(job, *overrides, **arguments), spec, override_texts(values=values))
+        arguments, values = split_keywords(job, values)
+        check_keywords(job, list(values))
+        bind(job, overrides, arguments)
+        check_travels(job, overrides, arguments)
+        delayed = DelayedSubmission(job, *overrides, **arguments)
+        delayed.code_file = code_file(job)  # train.functions names the code where it was written
+        return submit_function(delayed, spec, override_texts(values=values))
     the_spec, the_plan = load_spec(job, override_texts(overrides, values))
     return Job(submit_loaded(the_spec, the_plan, source_of(job)))
-
-
-def function_arguments(fn: Callable, values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Keywords given with a function: (those that name one of its parameters, the spec's overrides)."""
-    parameters = set(signature(fn).parameters)
-    return {k: v for k, v in values.items() if k in parameters}, {
-        k: v for k, v in values.items() if k not in parameters
-    }
 
 
 def submit_function(delayed: Any, spec: str | Path | JobSpec | None, overrides: list[str]) -> Job:
@@ -259,6 +259,12 @@ def sweep(
     job of ``fn(*args, **its arguments)``; a key of ``grid``, of a point or of the keywords that
     names one of ``fn``'s parameters is its argument, any other overrides the spec (``nodes``,
     ``time`` ...)."""
+    for key, swept in (grid or {}).items():
+        if not isinstance(swept, list | tuple | range):
+            raise ConfigError(
+                key,
+                f"a grid takes a list of values, got {type(swept).__name__} {swept!r}: grid={{{key!r}: [{swept!r}, ...]}}",
+            )
     axes = [(key, [value_text(v) for v in swept]) for key, swept in (grid or {}).items()]
     listed = None if points is None else [override_texts(values=p) for p in points]
     if not callable(job):
@@ -269,12 +275,16 @@ def sweep(
 
     if isinstance(spec, JobSpec):
         raise ConfigError("spec", "a function's sweep takes a spec file, or none (JobSpec()'s defaults)")
-    given, values = function_arguments(job, values)
+    given, values = split_keywords(job, values)
     fixed, point_texts = sweep_module.sweep_points(override_texts(values=values), axes, listed)
     keys = {text.partition("=")[0] for point in point_texts for text in point}
-    arguments = sorted(keys & set(signature(job).parameters))
-    function = cloudpickle.dumps(DelayedSubmission(job, *overrides, **given))
-    return start_sweep(str(spec or ""), fixed, point_texts, max_parallel, say, function, arguments)
+    arguments = sorted(keys & set(parameters(job)))
+    check_keywords(job, [*values, *sorted(keys - set(arguments))])
+    bind(job, overrides, given, arguments)
+    check_travels(job, overrides, given)
+    delayed = DelayedSubmission(job, *overrides, **given)
+    delayed.code_file = code_file(job)
+    return start_sweep(str(spec or ""), fixed, point_texts, max_parallel, say, cloudpickle.dumps(delayed), arguments)
 
 
 def start_sweep(

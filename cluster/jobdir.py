@@ -11,6 +11,7 @@
     node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
     rank_00003.attempt1.log                the same rank after the first requeue
     rank_00003.jsonl                       rank 3's JSON records (train.protocol)
+    rank_00003.progress                    a program's rank 3: its last optimizer step, when, its pid
     preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
     preflight_00003.attempt1.log           the same, before the first restart's training (restarts)
     nccl_trace_rank_3                      NCCL's flight recorder of rank 3 (on a collective timeout)
@@ -40,6 +41,8 @@ from train.protocol import (
     log_name,
     node_log_name,
     preflight_log_name,
+    progress_name,
+    read_progress,
     read_records,
     recent_records,
     record_name,
@@ -252,6 +255,11 @@ class JobDir:
 
     def records_file(self, rank: int) -> Path:
         return self.path / record_name(rank)
+
+    def progress(self, rank: int, names: set[str]) -> tuple[int, float, int] | None:
+        """A program's rank ``rank``: (its last optimizer step, when it ended, its pid), or None."""
+        name = progress_name(rank)
+        return read_progress(self.file(name)) if name in names else None
 
     def records(self, rank: int) -> list[dict]:
         """Rank ``rank``'s JSON records (train.protocol); empty before it wrote any."""

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.protocol import FLIGHT_RECORDER_PREFIX, STALL_HEADER, STAMPED, strip_stamp
+from train.protocol import FLIGHT_RECORDER_PREFIX, STALL_HEADER, STAMPED_BYTES, strip_stamp
 
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")
@@ -33,6 +33,10 @@ COLLECTIVE_PATH = re.compile(r"torch/distributed/|torch/autograd/")
 # a collective only as the innermost frame, for DDP's forward also wraps the model's compute.
 DDP_INNERMOST = re.compile(r"torch/nn/parallel/distributed\.py")
 TRACEBACK = b"Traceback (most recent call last):"
+# The stall watchdog's header (faulthandler's, ``train.protocol.STALL_HEADER``), wherever in a
+# line it starts: after a progress bar's "\r" update it can share the bar's line.
+STALL_LINE = re.compile(re.escape(STALL_HEADER) + r"\d+:\d\d:\d\d(?:\.\d+)?\)!")
+STALL_LINE_BYTES = re.compile(STALL_LINE.pattern.encode())
 DUMP_HEADER = b"(most recent call first):"
 BARRIER = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 MISMATCH = re.compile(
@@ -141,9 +145,10 @@ def last_dump(text: str) -> Stack:
     threads = [_frames(lines) for _, _, lines in dump]
     # The training thread: not one started by ``threading`` (outermost frame ``_bootstrap``).
     mains = [frames for frames in threads if frames and frames[-1].func != "_bootstrap"]
-    header = dump[0][1].strip()
+    stall = STALL_LINE.search(dump[0][1])
+    header = stall.group(0) if stall else dump[0][1].strip()
     whole = bool(mains) and mains[-1][-1].func in ENTRY_FUNCS
-    return Stack((mains or threads)[-1], "stall" if header.startswith(STALL_HEADER) else "dump", header, whole)
+    return Stack((mains or threads)[-1], "stall" if stall else "dump", header, whole)
 
 
 def last_stack(path: Path, since: int = 0) -> Stack | None:
@@ -165,8 +170,10 @@ def stack_in(buf: bytes | mmap.mmap, since: int = 0) -> Stack | None:
         start = buf.rfind(b"\n", 0, dump) + 1
         while start > 0:
             prev = buf.rfind(b"\n", 0, start - 1) + 1
-            line = bytes(buf[prev : start - 1]).decode(errors="replace")
-            if STAMPED.match(line):
+            line = bytes(buf[prev : start - 1])
+            if STAMPED_BYTES.match(line):
+                if stall := STALL_LINE_BYTES.search(line):  # the watchdog's header, after a bar's update
+                    start = prev + stall.start()
                 break
             start = prev
         return last_dump(bytes(buf[start : len(buf)]).decode(errors="replace"))

@@ -4,6 +4,8 @@ test_slurm.py, docker's in test_docker_jobs.py."""
 
 import json
 import pickle
+import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -150,3 +152,60 @@ def test_a_functions_sweep_runs_every_point_and_tables_rank_0s_return_value(tmp_
     assert len(starts) == 6  # every point submitted once
     printed = run_module("cluster", "logs", str(sweep.path), "--metric", "loss")
     assert "best by loss (min): point 2 (lr=0.1 tasks_per_node=1)" in printed.stdout
+
+
+LOCK = threading.Lock()
+
+
+def add(x):
+    return x + 1
+
+
+@pytest.mark.parametrize(
+    "call, key, words",
+    [
+        (lambda **local: cluster.submit(add, **local), "add()", "missing a required argument: 'x'"),
+        (lambda **local: cluster.submit(add, 1, 2, **local), "add()", "too many positional arguments"),
+        (lambda **local: cluster.submit(add, 1, yy=2, **local), "yy",
+         "neither a parameter of add() (x) nor a key of the job spec"),
+        (lambda **local: cluster.submit(add, xx=2, **local), "xx", "(did you mean 'x'?)"),
+        (lambda **local: cluster.submit(add, 1, nodez=2, **local), "nodez", "(did you mean 'nodes'?)"),
+        (lambda **local: cluster.submit(lambda: LOCK.locked(), **local), "LOCK",
+         "the global 'LOCK' that <lambda>.<locals>.<lambda>() uses cannot travel to the ranks"),
+        (lambda **local: cluster.submit(add, LOCK, **local), "x", "add()'s argument 'x' cannot travel"),
+        (lambda **local: cluster.dry_run(add, **local), "add()", "missing a required argument: 'x'"),
+        (lambda **local: cluster.sweep(add, grid={"nodes": [1]}, **local), "add()", "missing a required argument"),
+        (lambda **local: cluster.sweep(add, grid={"x": [1], "yy": [2]}, **local), "yy", "neither a parameter of add()"),
+        (lambda **local: cluster.sweep("jobs/local.yaml", grid={"optim.lr": 0.1}, **local), "optim.lr",
+         "a grid takes a list of values, got float 0.1"),
+    ],
+)  # fmt: skip
+def test_a_functions_call_is_checked_before_anything_is_written(call, key, words, tmp_path):
+    """Bound to the function's signature, keywords that are neither its parameters nor the
+    spec's keys, what cannot be pickled, a grid that is no list: a ConfigError naming it, and
+    nothing under the log root."""
+    with pytest.raises(cluster.ConfigError) as raised:
+        call(spec="jobs/local.yaml", log_dir=str(tmp_path))
+    assert raised.value.key == key and words in str(raised.value), str(raised.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_function_shipped_by_value_names_its_real_file_and_line_in_a_ranks_traceback(tmp_path):
+    """cloudpickle names the code of a function of ``__main__`` "<dynamic-code>"; on the rank
+    (``train.functions``) the file it was written in comes back, with its source line."""
+    import cloudpickle
+
+    from train.functions import name_code
+
+    source = tmp_path / "notebook.py"
+    source.write_text("def helper():\n    raise ValueError('from the helper')\n\n\ndef boom():\n    helper()\n")
+    scope = {"__name__": "__main__"}
+    exec(compile(source.read_text(), str(source), "exec"), scope)
+    shipped = cloudpickle.loads(cloudpickle.dumps(scope["boom"]))
+    assert shipped.__code__.co_filename == "<dynamic-code>"
+    name_code(shipped, str(source))
+    with pytest.raises(ValueError) as raised:
+        shipped()
+    text = "".join(traceback.format_exception(raised.value))
+    assert f'File "{source}", line 6, in boom\n    helper()' in text
+    assert f'File "{source}", line 2, in helper\n    raise ValueError' in text

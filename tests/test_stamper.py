@@ -1,11 +1,14 @@
-"""What the rank writes below Python (NCCL, gloo, c10d, C libraries) is stamped in its log;
-Python's own stamped lines and faulthandler's dumps pass as they are."""
+"""Every line a rank writes is stamped at one place, the descriptor level (``train.stamper``):
+Python's prints, what C code writes, a child's output; faulthandler's dumps pass as they are.
+The rank's ``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, and the stamper
+is never a point of failure."""
 
 import os
 import subprocess
 import sys
 
 from tests.conftest import ROOT
+from train.output import STAMPER_GONE
 from train.protocol import STAMPED
 from train.stamper import Stream
 
@@ -24,13 +27,21 @@ leave(0)
 """
 
 
-def test_c_level_lines_are_stamped_and_python_lines_are_not_stamped_twice(tmp_path):
-    log = tmp_path / "rank.log"
+def run_rank_code(code: str, log) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a cluster's environment
     with log.open("wb") as out:
-        done = subprocess.run([sys.executable, "-c", C_LEVEL], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    assert done.returncode == 0
+        return subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+
+def unstamped(line: str) -> str:
+    return line[24:] if STAMPED.match(line) else line
+
+
+def test_c_level_and_python_lines_are_stamped_once(tmp_path):
+    log = tmp_path / "rank.log"
+    assert run_rank_code(C_LEVEL, log).returncode == 0
     lines = log.read_text().splitlines()
-    by_text = {line[24:] if STAMPED.match(line) else line: bool(STAMPED.match(line)) for line in lines}
+    by_text = {unstamped(line): bool(STAMPED.match(line)) for line in lines}
     assert by_text == {
         "from python": True,
         "[W ProcessGroupGloo.cpp:123] Warning: from c10d": True,
@@ -41,14 +52,94 @@ def test_c_level_lines_are_stamped_and_python_lines_are_not_stamped_twice(tmp_pa
     assert not any(STAMPED.match(line[24:]) for line in lines)  # never two stamps
 
 
-def test_a_line_is_decided_once_its_start_is_seen(tmp_path):
+STREAMS = r"""
+import io, sys
+from train.output import leave, timestamp_lines
+timestamp_lines()
+out, err = sys.stdout, sys.stderr
+assert type(out) is io.TextIOWrapper and out is sys.__stdout__ and err is sys.__stderr__ and out.mode == "w"
+assert out.writable() and out.encoding and out.errors and out.name == "<stdout>" and not out.isatty()
+assert out.line_buffering  # flushed at each line: dated when written, never lost in a buffer
+sys.stdout.reconfigure(line_buffering=True)
+print("print")
+sys.stdout.buffer.write(b"bytes through buffer\n")
+sys.stdout.buffer.flush()
+wrapped = io.TextIOWrapper(sys.stderr.buffer, encoding="utf-8", write_through=True)
+wrapped.write("a wrapper over stderr.buffer\n")
+wrapped.flush()
+for i in range(3):
+    print(f"\rbar {i}", end="", flush=True)
+print()
+leave(0)
+"""
+
+
+def test_the_streams_are_the_interpreters_own_and_every_line_is_stamped(tmp_path):
+    log = tmp_path / "rank.log"
+    done = run_rank_code(STREAMS, log)
+    lines = log.read_bytes().decode().split("\n")[:-1]  # a "\r" ends no line
+    assert done.returncode == 0, lines
+    assert all(STAMPED.match(line) for line in lines), lines
+    assert sorted(unstamped(line) for line in lines) == [  # stdout and stderr: two pipes, either first
+        "\rbar 0\rbar 1\rbar 2", "a wrapper over stderr.buffer", "bytes through buffer", "print",
+    ]  # fmt: skip
+
+
+STAMPER_KILLED = r"""
+import os, signal, sys
+from train import output
+output.timestamp_lines()
+print("before", flush=True)
+os.kill(output._stamper.pid, signal.SIGKILL)
+for i in range(2000):  # the stamper is gone before the rank knows: no write may fail
+    print(f"line {i}")
+assert output.unstamped.wait(60), "the fallback never came"
+print("after", flush=True)
+os.write(2, b"from C\n")
+output.leave(0)
+"""
+
+
+def test_a_rank_whose_stamper_dies_goes_on_and_its_log_says_so(tmp_path):
+    log = tmp_path / "rank.log"
+    done = run_rank_code(STAMPER_KILLED, log)
+    text = log.read_text()
+    assert done.returncode == 0, text[-2000:]
+    lines = [unstamped(line) for line in text.splitlines() if line]
+    assert "before" in lines and lines[-2:] == ["after", "from C"], lines[-5:]
+    numbers = sorted(int(line.split()[1]) for line in lines if line.startswith("line "))
+    # None twice; the one gap there may be is what the stamper had read and not yet written
+    # when it was killed (one read of a pipe at most; a few lines may change places at the switch)
+    assert len(numbers) == len(set(numbers)) and sum(b - a > 1 for a, b in zip(numbers, numbers[1:])) <= 1
+    assert sum(STAMPER_GONE in line for line in lines) == 1
+    assert not STAMPED.match(text.splitlines()[-1])  # unstamped from then on
+
+
+def fed(*pieces: bytes) -> list[str]:
     read, write = os.pipe()
     stream = Stream(write)
-    for piece in (b"Time", b"out (0:00:20)!\n", b"2026-11-24T23:57:11.953 already\n", b"x" * 30, b"y\n"):
+    for piece in pieces:
         stream.feed(piece)
     stream.feed(b"", final=True)
     os.close(write)
-    text = os.read(read, 4096).decode()
-    first, second, third = text.splitlines()
+    return os.read(read, 65536).decode().split("\n")[:-1]  # a "\r" ends no line
+
+
+def test_a_line_is_decided_once_its_start_is_seen():
+    first, second, third = fed(b"Time", b"out (0:00:20)!\n", b"2026-11-24T23:57:11.953 already\n", b"x" * 30, b"y\n")
     assert first == "Timeout (0:00:20)!" and second == "2026-11-24T23:57:11.953 already"
     assert STAMPED.match(third) and third[24:] == "x" * 30 + "y"
+
+
+def test_what_the_kit_writes_starts_a_line_of_its_own_after_a_progress_bar():
+    """tqdm's updates end in no newline: the watchdog's header, a dump, a traceback or a note of
+    the kit's that comes then is put on a line of its own, short bar or long."""
+    for bar in (b"\r 3/9", b"\r 10%|" + b"#" * 30 + b"| 10/100 [00:02<00:20]"):
+        lines = fed(bar, b"Timeout (0:00:25)!\nThread 0x00007f (most recent call first):\n",
+                    b'  File "x.py", line 3 in f\n', bar, b"Traceback (most recent call last):\n",
+                    bar + b"2026-11-24T23:57:11.953 shim: USR1 came\n")  # fmt: skip
+        assert [unstamped(line) for line in lines] == [
+            bar.decode(), "Timeout (0:00:25)!", "Thread 0x00007f (most recent call first):", '  File "x.py", line 3 in f',
+            bar.decode(), "Traceback (most recent call last):", bar.decode(), "shim: USR1 came",
+        ], lines  # fmt: skip
+        assert [bool(STAMPED.match(line)) for line in lines] == [True, False, False, False, True, True, True, True]

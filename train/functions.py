@@ -22,6 +22,7 @@ from __future__ import annotations
 import signal
 import time
 import traceback
+import types
 from pathlib import Path
 
 from train.dist_env import DistEnv
@@ -50,6 +51,27 @@ def requeue_on(sig: signal.Signals, delayed, folder: Path, job_id: str) -> None:
     signal.signal(sig, handler.checkpoint_and_try_requeue)
 
 
+DYNAMIC_CODE = "<dynamic-code>"  # cloudpickle's name for the code of a function it ships by value
+
+
+def name_code(fn, filename: str | None) -> None:
+    """The file ``fn`` was written in (``cluster.function_job.code_file``) back in its code and
+    in that of the functions shipped with it, where cloudpickle left "<dynamic-code>": a
+    traceback shows the real file and line, and its source line where the file is here."""
+    if not filename:
+        return
+    functions = [fn, *getattr(fn, "__globals__", {}).values()]
+    for f in functions:
+        code = getattr(f, "__code__", None)
+        if isinstance(code, types.CodeType) and code.co_filename == DYNAMIC_CODE:
+            f.__code__ = renamed(code, filename)
+
+
+def renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    consts = tuple(renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
 def run(folder: str, env: DistEnv, requeue_signal: signal.Signals | None) -> None:
     """Load the function, call it, write this rank's result; an exception is written as
     submitit writes it (its traceback) and raised again, for the shim's records.
@@ -59,6 +81,7 @@ def run(folder: str, env: DistEnv, requeue_signal: signal.Signals | None) -> Non
     where = Path(folder)
     wait_for(where / submitted_pickle_name(env.job_id), PICKLE_WAIT_S)
     delayed = DelayedSubmission.load(where / submitted_pickle_name(env.job_id))
+    name_code(delayed.function, getattr(delayed, "code_file", None))
     if requeue_signal is not None:
         requeue_on(requeue_signal, delayed, where, env.job_id)
 

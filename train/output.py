@@ -2,48 +2,37 @@
 
 The timestamp lets the log inspector order events across ranks (which rank failed first).
 Redirection works at the file-descriptor level, so C++ warnings, faulthandler dumps and
-output of crashing code land in the same file as Python's prints. Python's lines are stamped
-as they are written; what is written to descriptors 1 and 2 below Python (NCCL, gloo, c10d)
-is stamped by ``train.stamper``, a process that reads those descriptors through pipes.
+output of crashing code land in the same file as Python's prints. Every line is stamped at one
+place, the descriptor level: ``train.stamper``, a process that reads descriptors 1 and 2
+through pipes, whoever wrote to them (Python's prints, NCCL, gloo, c10d, a C library, a child).
+``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, as under torchrun
+(``buffer``, ``reconfigure``, ``encoding``, wrappers over ``.buffer``): a program sees no kit.
+The one difference, said here: stdout is flushed at each line (and each ``\\r``), as
+``python -u`` or ``PYTHONUNBUFFERED`` would, so that each line is dated when it is written
+and none is lost in a buffer when the stall watchdog or a signal ends the rank.
+
+The stamper is never a point of failure: the rank keeps a read end of its own pipes (a
+write never fails for want of a reader) and a thread watches the stamper's life; should it
+die, descriptors 1 and 2 go straight back to the log, unstamped from then on, the log says so
+on a line of its own, and the rank trains on. What it had read and not yet written when it
+was killed (one read of a pipe at most) is lost, and lines written at the moment of the
+switch can land a few lines out of order.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import select
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from train.protocol import stamp
 
 STAMPER_WAIT_S = 2.0
-
-
-class TimestampedStream(io.TextIOBase):
-    def __init__(self, stream):
-        self.stream = stream
-        self.at_line_start = True
-
-    def write(self, text: str) -> int:
-        out = []
-        for piece in text.splitlines(keepends=True):
-            if self.at_line_start:
-                out.append(stamp())
-            out.append(piece)
-            self.at_line_start = piece.endswith("\n")
-        self.stream.write("".join(out))
-        self.stream.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-    def fileno(self) -> int:
-        return self.stream.fileno()
-
-    def isatty(self) -> bool:
-        return False
+STAMPER_GONE = "kit: the output stamper is gone; this rank's output goes on to the log unstamped"
 
 
 def redirect_to(path: Path) -> None:
@@ -58,6 +47,8 @@ def redirect_to(path: Path) -> None:
 
 
 _stamper: subprocess.Popen | None = None
+_leaving = threading.Event()  # leave() ends the stamper on purpose: no fallback then
+unstamped = threading.Event()  # set once the stamper died and the output went straight to the log
 
 
 def stamp_descriptors() -> None:
@@ -67,24 +58,85 @@ def stamp_descriptors() -> None:
     sys.stderr.flush()
     pipes = [os.pipe() for _ in (1, 2)]
     targets = [os.dup(1), os.dup(2)]
+    # The stamper holds this pipe's only write end: its read end here sees EOF when the stamper
+    # ends, however it ends, without reaping it (a program may wait for any child itself).
+    alive, alive_write = os.pipe()
     fds = [fd for (read, _), target in zip(pipes, targets) for fd in (read, target)]
     _stamper = subprocess.Popen(
         [sys.executable, "-P", "-m", "train.stamper", *map(str, fds)],
-        pass_fds=fds,
+        pass_fds=[*fds, alive_write],
         stdin=subprocess.DEVNULL,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the kit's own train package
     )
+    os.close(alive_write)
     for fd, (_, write) in zip((1, 2), pipes):
         os.dup2(write, fd)
-    for fd in [*fds, *(write for _, write in pipes)]:
-        os.close(fd)
+    for _, write in pipes:
+        os.close(write)
+    reads = [read for read, _ in pipes]  # kept open here: no write ever fails for want of a reader
+    threading.Thread(target=fall_back, args=(alive, reads, targets), name="kit-stamper-watch", daemon=True).start()
+
+
+def fall_back(alive: int, reads: list[int], targets: list[int]) -> None:
+    """When the stamper is gone (not at ``leave``): descriptors 1 and 2 straight to where it
+    wrote, what it left in the pipes copied there, and so on for the children that still
+    write into them."""
+    os.read(alive, 1)  # blocks until the stamper's end
+    if _leaving.is_set():
+        return
+    for read in reads:
+        os.set_blocking(read, False)
+    copy_pipes(reads, targets)  # what was written before, first
+    for fd, target in zip((1, 2), targets):
+        os.dup2(target, fd)
+    copy_pipes(reads, targets)  # and what came while it was copied
+    os.write(2, f"\n{stamp()}{STAMPER_GONE} (it exited with {_stamper.poll()})\n".encode())
+    unstamped.set()
+    pipes = dict(zip(reads, targets))
+    while pipes:  # children forked before still write into the pipes
+        ready, _, _ = select.select(list(pipes), [], [])
+        for read in ready:
+            if not copy_pipes([read], [pipes[read]]):
+                del pipes[read]
+
+
+def copy_pipes(reads: list[int], targets: list[int]) -> bool:
+    """What the pipes hold, to their targets; False at the end of a pipe (no writer left)."""
+    still_open = True
+    for read, target in zip(reads, targets):
+        while True:
+            try:
+                data = os.read(read, 65536)
+            except BlockingIOError:  # empty for now
+                break
+            if not data:
+                still_open = False
+                break
+            os.write(target, data)
+    return still_open
 
 
 def timestamp_lines() -> None:
-    """Every line of the rank stamped: Python's as written, the rest by the stamper."""
+    """Every line of the rank stamped (by the stamper), and written as it is printed."""
     stamp_descriptors()
-    sys.stdout = TimestampedStream(sys.stdout)
-    sys.stderr = TimestampedStream(sys.stderr)
+    sys.stdout = sys.__stdout__ = interpreters_stream(1, sys.stdout, line_buffering=True)
+    sys.stderr = sys.__stderr__ = interpreters_stream(2, sys.stderr, line_buffering=True)
+
+
+def interpreters_stream(fd: int, old: io.TextIOWrapper, line_buffering: bool) -> io.TextIOWrapper:
+    """The stream the interpreter would have made over ``fd`` (CPython's ``create_stdio``),
+    with ``old``'s encoding, errors and buffering. Made anew, not ``old`` kept: its FileIO
+    learnt at start-up that the descriptor could seek (a log file), and the descriptor is a
+    pipe now (``TextIOWrapper(sys.stderr.buffer)`` would fail: "Illegal seek")."""
+    unbuffered = old.write_through  # python -u, PYTHONUNBUFFERED
+    buffer = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
+    (buffer if unbuffered else buffer.raw).name = old.name
+    stream = io.TextIOWrapper(
+        buffer, old.encoding, old.errors, newline="\n", line_buffering=line_buffering and not unbuffered,
+        write_through=unbuffered,
+    )  # fmt: skip
+    stream.mode = "w"
+    return stream
 
 
 def leave(code: int) -> None:
@@ -100,6 +152,7 @@ def leave(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe or file: nothing more can be written
             pass
+    _leaving.set()
     if _stamper is not None:  # its last lines are in the log before the launcher sees the exit
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)

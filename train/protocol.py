@@ -8,6 +8,7 @@ Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
     rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
     rank_00003.attempt1.log        the same after the first requeue or restart
     rank_00003.jsonl               its JSON records, one object per line
+    rank_00003.progress            its last optimizer step, the step's time and its pid (``Progress``)
 Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step``
 (one per log interval: STEP_FIELDS; the last of a finished built-in run has ``final: true``),
 ``end`` (a user's program returned:
@@ -25,9 +26,11 @@ DUMP_SIGNAL dumps and carries on (``cluster snapshot``); PREEMPT_SIGNAL asks for
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import signal
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,6 +118,7 @@ def never_joined(text: str) -> list[int]:
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
 STAMP_LENGTH = len("2026-01-01T00:00:00.000 ")
 STAMPED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")  # what stamp() puts before a line
+STAMPED_BYTES = re.compile(STAMPED.pattern.encode())
 
 
 def stamp() -> str:
@@ -152,6 +156,45 @@ def latest_checkpoint_step(run_dir: Path) -> int | None:
 
 def record_name(rank: int) -> str:
     return f"rank_{rank:05d}.jsonl"
+
+
+def progress_name(rank: int) -> str:
+    return f"rank_{rank:05d}.progress"
+
+
+# step, the time it ended (seconds since the epoch), the pid of the process that made it
+PROGRESS_FORMAT = struct.Struct("<qdq")
+
+
+class Progress:
+    """A rank's last optimizer step and its time, in a file of 24 bytes the rank maps into
+    memory and rewrites at each step: a store, no system call, and it outlives the rank however
+    it ends (the stall watchdog's exit in C, SIGKILL), where step records come only at powers of
+    two or every few seconds. ``cluster logs`` takes a stalled or killed rank's step from it."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        fd = os.open(Path(run_dir) / progress_name(rank), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, PROGRESS_FORMAT.size)
+            self._map = mmap.mmap(fd, PROGRESS_FORMAT.size)
+        finally:
+            os.close(fd)
+        self.pid = os.getpid()
+
+    def step(self, step: int) -> None:
+        PROGRESS_FORMAT.pack_into(self._map, 0, step, time.time(), self.pid)
+
+
+def read_progress(path: str | Path) -> tuple[int, float, int] | None:
+    """(step, time, pid) from a rank's progress file; None without one, or before its first step."""
+    try:
+        data = read_whole(path)
+    except FileNotFoundError:
+        return None
+    if len(data) != PROGRESS_FORMAT.size:
+        return None
+    step, at, pid = PROGRESS_FORMAT.unpack(data)
+    return (step, at, pid) if step > 0 else None
 
 
 def preflight_log_name(rank: int, attempt: int = 0) -> str:

@@ -51,22 +51,33 @@ from train import functions
 from train.dist_env import cpu_threads, from_environ, torchrun_environ
 from train.hangs import StallWatchdog, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
-from train.protocol import DUMP_SIGNAL, RECORDS_VAR, RecordWriter, log_name, parse_time_limit_signal, stamp
+from train.protocol import (
+    DUMP_SIGNAL,
+    RECORDS_VAR,
+    Progress,
+    RecordWriter,
+    log_name,
+    parse_time_limit_signal,
+    stamp,
+)
 
 KINDS = ("script", "module", "function", "command", "submitit")
 RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this often
 
 
 class StepProgress:
-    """The global optimizer-step hook: counts steps, feeds the watchdog, writes step records."""
+    """The global optimizer-step hook: counts steps, feeds the watchdog, writes step records,
+    and keeps the last step in the rank's progress file (``train.protocol.Progress``)."""
 
     def __init__(self, writer: RecordWriter, watchdog: StallWatchdog, kept: KeptSignal | None = None):
         self.writer, self.watchdog, self.kept = writer, watchdog, kept
+        self.last = Progress(writer.path.parent, writer.rank)
         self.steps = 0
         self.written_step, self.written_at = 0, time.perf_counter()
 
     def __call__(self, optimizer, args, kwargs) -> None:
         self.steps += 1
+        self.last.step(self.steps)
         if self.kept is not None:
             self.kept.pass_on()
         if self.steps == 1:
@@ -141,21 +152,14 @@ def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=l
 
 
 def run_command(command: str, args: list[str], time_limit: signal.Signals | None) -> int:
-    """A child process: its lines stamped as they come, the rank's signals passed on. Not the
-    time-limit signal: the scheduler sends it to every process of the step (SLURM, the kit's
-    launchers), the child too, and passed on as well it came twice (``main`` notes it)."""
-    child = subprocess.Popen([command, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """A child process on the rank's descriptors 1 and 2 (its lines stamped there, as every
+    line of the rank is: ``train.output``), the rank's signals passed on. Not the time-limit
+    signal: the scheduler sends it to every process of the step (SLURM, the kit's launchers),
+    the child too, and passed on as well it came twice (``main`` notes it)."""
+    child = subprocess.Popen([command, *args])
     for sig in {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, DUMP_SIGNAL} - {time_limit}:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))
-
-    def pump() -> None:
-        for line in iter(child.stdout.readline, b""):
-            sys.stdout.write(line.decode(errors="replace"))
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
     code = child.wait()
-    reader.join(timeout=5)
     return code if code >= 0 else 128 - code
 
 

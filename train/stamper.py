@@ -1,15 +1,17 @@
-"""``python -P -m train.stamper IN OUT [IN OUT]``: stamps what a rank writes to its file
-descriptors 1 and 2 below Python (NCCL, gloo and c10d's C++ messages, any C library), so that
-the log inspector can date the lines that matter most on a GPU cluster.
+"""``python -P -m train.stamper IN OUT [IN OUT]``: stamps every line a rank writes to its file
+descriptors 1 and 2, Python's prints and what is written below Python (NCCL, gloo and c10d's
+C++ messages, any C library), so that the log inspector can date the lines that matter most
+on a GPU cluster.
 
 ``train.output.stamp_descriptors`` points the rank's descriptors 1 and 2 at pipes whose read
-ends (IN) this process copies to where they pointed before (OUT), a stamp before every line
-that has none. A separate process, not a thread: a rank that dies at once (the stall watchdog's
-exit, SIGKILL) loses nothing it wrote; this process reads to the end of its pipes and exits
-when the last writer is gone. Left as they are: lines Python already stamped at their write
-(``train.output.TimestampedStream``, more exact), and faulthandler's dumps, which the inspector
-reads as one unstamped block dated by the line before it. It ignores every signal a launcher
-sends a step's processes (the time-limit signal, SIGTERM), so that it drains what is left.
+ends (IN) this process copies to where they pointed before (OUT): a stamp before every line
+that has none, and a line break before what must start a line of its own (``OWN_LINE``).
+A separate process, not a thread: a rank that dies at once (the stall watchdog's exit,
+SIGKILL) loses nothing it wrote; this process reads to the end of its pipes and exits when
+the last writer is gone. Left as they are: lines already stamped (the kit's own notes,
+written with one ``os.write``), and faulthandler's dumps, which the inspector reads as one
+unstamped block dated by the line before it. It ignores every signal a launcher sends a
+step's processes (the time-limit signal, SIGTERM), so that it drains what is left.
 """
 
 from __future__ import annotations
@@ -20,14 +22,21 @@ import select
 import signal
 import sys
 
-from train.protocol import STAMP_LENGTH, STAMPED, stamp
+from train.protocol import STAMP_LENGTH, STAMPED_BYTES, stamp
 
 # faulthandler's line forms (CPython's faulthandler.c and traceback.c), and blank lines.
 FAULTHANDLER = re.compile(
     rb"(Fatal Python error: |Current thread 0x|Thread 0x|Stack \(most recent|  File \"|  <|  \.\.\.|"
     rb"Timeout \(\d|Extension modules: |Python runtime state|Garbage-collecting|\r?\n)"
 )
-STAMPED_BYTES = re.compile(STAMPED.pattern.encode())
+# What must start a line of its own, wherever it comes: a progress bar's line (``\r`` updates,
+# no newline) is open when a traceback, a faulthandler dump (the stall watchdog's
+# "Timeout (0:00:25)!") or a note of the kit's (stamped by its writer) arrives.
+OWN_LINE = re.compile(
+    rb"Traceback \(most recent call last\):|Timeout \(\d+:\d\d:\d\d|Fatal Python error: |"
+    rb"(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):|Stack \(most recent call first\):|"
+    + STAMPED_BYTES.pattern
+)
 DECIDE_AFTER_S = 0.2  # a partial line (a progress bar) waits this long for the bytes that decide it
 
 
@@ -45,12 +54,18 @@ class Stream:
             if self.decided:
                 end = data.find(b"\n")
                 piece, data = (data, b"") if end == -1 else (data[: end + 1], data[end + 1 :])
+                if own := OWN_LINE.search(piece):  # mid-line: a line of its own from here
+                    piece, data = piece[: own.start()] + b"\n", piece[own.start() :] + data
+                    self.decided = False
+                else:
+                    self.decided = end == -1
                 out.append(piece)
-                self.decided = end == -1
                 continue
             end = data.find(b"\n")
             take = len(data) if end == -1 else end + 1
             self.head, data = self.head + data[:take], data[take:]
+            if own := OWN_LINE.search(self.head, 1):  # the line's start, then a line of its own
+                self.head, data = self.head[: own.start()] + b"\n", self.head[own.start() :] + data
             if self.head.endswith(b"\n") or len(self.head) >= STAMP_LENGTH:
                 out.append(self.decide())
         if final and self.head:

@@ -68,8 +68,10 @@ def _parse_traceback(text: str) -> tuple[str, tuple[str, ...]]:
         stripped = line.strip()
         if stripped.startswith('File "'):
             if not LIBRARY_PATH.search(stripped):
-                code = lines[i + 1].strip() if i + 1 < len(lines) else ""
-                frames.append(f"{stripped}\n    {code}" if code and not code.startswith("File ") else stripped)
+                # Its source line, indented deeper than the frame's, where Python found the file
+                nxt = lines[i + 1] if i + 1 < len(lines) else ""
+                code = nxt.strip() if nxt.startswith("    ") and not nxt.strip().startswith("File ") else ""
+                frames.append(f"{stripped}\n    {code}" if code else stripped)
         elif line and not line[0].isspace() and not line.startswith(("Traceback", "During handling", "The above")):
             # "ValueError: ...", or an exception without a message ("KeyboardInterrupt")
             if ":" in line or "Error" in line or "Exception" in line or re.fullmatch(r"[A-Za-z_][\w.]*", line.strip()):

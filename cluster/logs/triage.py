@@ -288,6 +288,12 @@ def rank_reports(
             # The built-in trainer's last step record says final; a user's program has an end record.
             final = bool(attempt_step and attempt_step.get("final")) or bool(end and end.get("exit_code") == 0)
             rep.last_time = latest or None
+        # A program's last step, kept at every step (train.protocol.Progress): its step records
+        # come at powers of two or every few seconds, and none when the watchdog or a signal ends it.
+        last = job_dir.progress(rank, names)
+        if last is not None and last[2] == rep.pid and last[0] > (rep.last_step or 0):
+            rep.last_step, progress = last[0], last[1]
+            rep.last_time = max(rep.last_time or 0, last[1])
         logs = job_dir.rank_log_files(rank, names)
         rep.attempts = max(1, len(logs))
         scan = scan_log(logs[-1] if logs else None, completed=final, progress=progress)
@@ -317,7 +323,7 @@ def rank_reports(
                 if trained
                 else f"start-up limit: no first optimizer step in time ({scan['stalled']})"
             )
-            rep.error_time = rep.last_time
+            rep.error_time = progress if trained and progress else rep.last_time  # it stalled after its last step
         elif running and rep.last_time and now - rep.last_time > silent_after_s:
             rep.state = "silent"
             rep.frames = scan.get("dump_frames", [])
