@@ -33,12 +33,12 @@ minicluster:  ## a real SLURM cluster on this machine: 3 nodes x 4 fake GPUs (ro
 minicluster-stop:
 	$(PYTHON) -m cluster.minicluster stop
 
-test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, SLURM and image tiers
+test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, real clients, SLURM and image tiers
 	PY=$(PY) tests/provision.sh
 	$(PY) -m pytest
 
 test-fast: $(VENV)/.installed  ## unit and golden tests only
-	$(PY) -m pytest -m "not slow and not slurm and not image"
+	$(PY) -m pytest -m "not slow and not slurm and not image and not clients"
 
 gpu-check: $(VENV)/.installed  ## on a CUDA machine: the gpu tier and the GPU benchmark (MFU), under 10 minutes on one GPU
 	$(PY) -m pytest -m gpu -rs -p no:cacheprovider

@@ -91,6 +91,8 @@ class ContainerSpec:
 
 
 PROGRAM_KINDS = ("script", "module", "function", "command", "submitit")
+# The job spec's keys that watch a program too (the rank shim's), beside the trainer's own.
+PROGRAM_WATCH_KEYS = ("stall_timeout_s", "startup_timeout_s")
 FUNCTION_FOLDER = f"$JOB_DIR/{FUNCTION_DIR}"  # program.submitit: a function job's pickles
 
 
@@ -150,10 +152,11 @@ class ProgramSpec:
 
 
 def _check_script(key: str, path: str) -> None:
+    if Path(path).is_dir():
+        raise ConfigError(key, f"{path!r} is a directory, not a script (program.module runs a package)")
     if not Path(path).is_file():
-        raise ConfigError(
-            key, f"no such file {path!r} (relative to {os.getcwd()}; it must be on a filesystem the nodes share)"
-        )
+        where = "" if os.path.isabs(path) else f"relative to {os.getcwd()}; "
+        raise ConfigError(key, f"no such file {path!r} ({where}it must be on a filesystem the nodes share)")
 
 
 def _find_module(key: str, name: str):
@@ -345,6 +348,14 @@ class JobSpec:
             raise ConfigError("min_nodes", f"{self.min_nodes} is more than nodes ({self.nodes})")
 
 
+def trainer_key_refused(key: str) -> str:
+    """Why a built-in trainer key is refused beside a program, and the job spec's key that does
+    the same for a program where there is one (``train.stall_timeout_s`` -> ``stall_timeout_s``)."""
+    name = key.rpartition(".")[2]
+    same = f": for a program, set the job spec's {name} (e.g. {name}=60)" if name in PROGRAM_WATCH_KEYS else ""
+    return f"a built-in trainer key, and program: runs your own program, which does not read it{same}"
+
+
 def check_program_sections(file_tree: dict, overrides: list[dict], source: str, warn) -> None:
     """The training sections are the built-in trainer's: given together with a program they
     would be ignored. Keys in the same place as the program (the spec file, or the overrides)
@@ -358,11 +369,11 @@ def check_program_sections(file_tree: dict, overrides: list[dict], source: str, 
         for section in TRAIN_SECTIONS:
             if isinstance(tree.get(section), dict) and tree[section]:
                 key = f"{section}.{next(iter(tree[section]))}"
-                raise ConfigError(key, "a built-in trainer key, ignored when program: runs your own program")
+                raise ConfigError(key, trainer_key_refused(key))
     given = [s for s in TRAIN_SECTIONS if file_tree.get(s)]
     if given and program_in_file:
         key = f"{given[0]}.{next(iter(file_tree[given[0]]))}" if isinstance(file_tree[given[0]], dict) else given[0]
-        raise ConfigError(f"{source}: {key}", "a built-in trainer key beside program: (it would be ignored)")
+        raise ConfigError(f"{source}: {key}", trainer_key_refused(key))
     if given:
         warn(
             f"note: {source}'s {', '.join(given)} section(s) are the built-in trainer's and are ignored: program runs instead"

@@ -32,14 +32,38 @@ from cluster.sweep_dir import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP,
 from train.config import ConfigError, parse_override
 
 
+def split_values(key: str, raw: str) -> list[str]:
+    """``a,b,c`` -> its values: commas inside brackets, braces or quotes are a value's own, so a
+    list-valued key is swept as ``["--steps","20"],["--steps","30"]`` and ``[1,2]`` is one value."""
+    values, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(raw):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            values.append(raw[start:i])
+            start = i + 1
+    if depth or quote:
+        raise ConfigError(key, f"unbalanced {'quote' if quote else 'brackets'} in {raw!r}: sweep a list-valued key "
+                               'as \'key=["a","b"],["c"]\', or list the points in a file (--points)')  # fmt: skip
+    return [*values, raw[start:]]
+
+
 def parse_grid(texts: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
-    """(overrides for every point, swept axes): ``key=a,b,c`` is an axis. A value in brackets,
-    braces or quotes is one value (a YAML list is not a sweep)."""
+    """(overrides for every point, swept axes): ``key=a,b,c`` is an axis (``split_values``)."""
     fixed, axes = [], []
     for text in texts:
-        parse_override(text)  # a malformed one is bad input, named
+        if "=" not in text:
+            parse_override(text)  # malformed: named
         key, _, raw = text.partition("=")
-        values = [raw] if raw.strip()[:1] in ("[", "{", "'", '"') else raw.split(",")
+        values = split_values(key, raw)
+        for value in values:
+            parse_override(f"{key}={value}")  # a malformed one is bad input, named
         if len(values) > 1:
             if any(key == k for k, _ in axes):
                 raise ConfigError(key, "swept twice: give its values once, separated by commas")

@@ -30,7 +30,9 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
 @pytest.mark.parametrize(
     "overrides, key, words",
     [
-        (["program.script=nope.py"], "program.script", "no such file"),
+        (["program.script=nope.py"], "program.script", "no such file 'nope.py' (relative to"),
+        (["program.script=/nope.py"], "program.script", "no such file '/nope.py' (it must be on a filesystem"),
+        (["program.script=jobs"], "program.script", "'jobs' is a directory, not a script"),
         (["program.script=", "program.module=no_such_module_here"], "program.module", "no module named"),
         (["program.script=", "program.function=jobs.train_cnn:nope"], "program.function", "defines no 'nope'"),
         (["program.script=", "program.function=jobs.train_cnn"], "program.function", "pkg.module:function"),
@@ -60,7 +62,8 @@ def test_bad_program_names_the_key(overrides, key, words, monkeypatch):
 @pytest.mark.parametrize(
     "job, overrides, key",
     [
-        ("jobs/cnn.yaml", ["train.steps=5"], "train.steps"),  # a trainer key beside a program: ignored
+        ("jobs/cnn.yaml", ["train.steps=5"], "train.steps"),  # a trainer key beside a program: not read
+        ("jobs/cnn.yaml", ["train.stall_timeout_s=5"], "set the job spec's stall_timeout_s"),
         ("jobs/local.yaml", [CNN, "parallel.strategy=fsdp"], "parallel.strategy"),
     ],
 )

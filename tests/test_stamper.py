@@ -10,7 +10,7 @@ import sys
 from tests.conftest import ROOT
 from train.output import STAMPER_GONE
 from train.protocol import STAMPED
-from train.stamper import Stream
+from train.stamper import Sink, Stream
 
 C_LEVEL = r"""
 import ctypes, os, sys
@@ -117,7 +117,7 @@ def test_a_rank_whose_stamper_dies_goes_on_and_its_log_says_so(tmp_path):
 
 def fed(*pieces: bytes) -> list[str]:
     read, write = os.pipe()
-    stream = Stream(write)
+    stream = Stream(Sink(write))
     for piece in pieces:
         stream.feed(piece)
     stream.feed(b"", final=True)
@@ -143,3 +143,17 @@ def test_what_the_kit_writes_starts_a_line_of_its_own_after_a_progress_bar():
             bar.decode(), "Traceback (most recent call last):", bar.decode(), "shim: USR1 came",
         ], lines  # fmt: skip
         assert [bool(STAMPED.match(line)) for line in lines] == [True, False, False, False, True, True, True, True]
+
+
+def test_a_line_left_open_on_stderr_is_ended_before_a_line_of_stdout():
+    """tqdm's bar on stderr, Hugging Face's metrics printed on stdout, one log: each its own line."""
+    read, write = os.pipe()
+    sink = Sink(write)
+    err, out = Stream(sink), Stream(sink)
+    err.feed(b"\r 25%|##  | 5/20 [00:00<00:00]" + b" " * 10)
+    out.feed(b"{'loss': '4.704'}\n")
+    err.feed(b"\r 50%|#####  | 10/20\n")
+    os.close(write)
+    lines = os.read(read, 65536).decode().split("\n")[:-1]
+    assert [bool(STAMPED.match(line)) for line in lines] == [True, True, True], lines
+    assert unstamped(lines[1]) == "{'loss': '4.704'}" and unstamped(lines[2]) == "\r 50%|#####  | 10/20"

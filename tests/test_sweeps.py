@@ -30,6 +30,19 @@ def test_the_grid_is_the_cartesian_product_of_comma_separated_values():
     ]
 
 
+def test_a_list_valued_key_is_swept_by_commas_between_its_lists():
+    """A program's args are a list: its values are whole YAML lists, commas between them; a
+    comma inside brackets, braces or quotes is the value's own."""
+    fixed, axes = parse_grid(['program.args=["--max-steps","20"],["--max-steps","30"]', 'tag="a,b"', "x={a: 1, b: 2}"])
+    assert fixed == ['tag="a,b"', "x={a: 1, b: 2}"]
+    assert axes == [("program.args", ['["--max-steps","20"]', '["--max-steps","30"]'])]
+    for bad, words in (("program.args=[1,2", "unbalanced brackets"), ("lr", "malformed override"),
+                       ("program.args=[1,],[", "unbalanced brackets")):  # fmt: skip
+        with pytest.raises(cluster.ConfigError) as raised:
+            parse_grid([bad])
+        assert words in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_python_values_and_listed_points_become_overrides(tmp_path):
     assert override_texts(["a=1"], {"train.steps": 200, "x.flag": True, "s": "fsdp"}) == [
         "a=1", "train.steps=200", "x.flag=true", "s=fsdp"]  # fmt: skip
@@ -90,6 +103,22 @@ def test_a_programs_metrics_are_the_last_numeric_fields_rank_0_printed(tmp_path)
     from cluster.jobdir import JobDir
 
     assert program_metrics(JobDir(job)) == {"epoch": 3.0, "val_loss": 0.2, "val_acc": 0.9}
+
+
+def test_hugging_faces_metrics_dicts_are_read_after_its_progress_bar(tmp_path):
+    """Trainer prints a Python dict, its numbers as strings, after tqdm's last "\\r"; its last
+    values are the point's metrics, and its loss is the table's default metric."""
+    from cluster.jobdir import JobDir
+    from cluster.logs.sweep_table import LOSSES
+
+    job = make_job(tmp_path / "j", world=1, lines=3)
+    log = job / "rank_00000.log"
+    bar = " 50%|#####     | 5/10 [00:00<00:00, 64.37it/s]"
+    log.write_text(log.read_text() + f"2026-11-27T06:04:54.565 {bar}\r{' ' * 20}{{'loss': '4.704', 'grad_norm': "
+                   "'0.6752', 'learning_rate': '0.0006', 'epoch': '0.1562', 'note': 'x'}\n"
+                   f"{bar}\r   {{'loss': '4.5', 'epoch': 0.3}}\r{bar}\n{{'train_loss': '4.6', 'x': __import__('os')}}\n")  # fmt: skip
+    assert program_metrics(JobDir(job)) == {"loss": 4.5, "grad_norm": 0.6752, "learning_rate": 0.0006, "epoch": 0.3}
+    assert "loss" in LOSSES  # a log is data: the dict with a call in it is no metric
 
 
 @pytest.mark.slow

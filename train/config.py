@@ -334,8 +334,15 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(key, f"value {raw!r} is not valid YAML: {exc}") from None
+        raise ConfigError(key, f"value {raw!r} is not valid YAML: {yaml_problem(exc)}") from None
     return parts, value
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """YAML's complaint in one line (its own text is several, with a caret under the place)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(exc, 'problem', None) or str(exc).splitlines()[0]}{where}"
 
 
 def as_overrides(tree: Mapping, prefix: str = "") -> list[str]:

@@ -40,10 +40,27 @@ OWN_LINE = re.compile(
 DECIDE_AFTER_S = 0.2  # a partial line (a progress bar) waits this long for the bytes that decide it
 
 
+class Sink:
+    """Where streams write. A rank's stdout and stderr share one (its log): a line one of them
+    left open (a progress bar's ``\r`` updates on stderr) is ended before the other's next
+    line, which would otherwise run on after it, and the open one's next bytes start a line."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.open_by: Stream | None = None  # the stream whose line the last bytes left open
+
+    def write(self, stream: Stream, data: bytes) -> None:
+        if self.open_by is not None and self.open_by is not stream:
+            data = b"\n" + data
+            self.open_by.decided = False
+        os.write(self.fd, data)
+        self.open_by = None if data.endswith(b"\n") else stream
+
+
 class Stream:
     """One pipe: the start of a line is held until it shows whether it needs a stamp."""
 
-    def __init__(self, out: int):
+    def __init__(self, out: Sink):
         self.out = out
         self.head = b""  # the start of the current line, not yet decided
         self.decided = False  # the current line's start is written; the rest goes straight through
@@ -71,7 +88,7 @@ class Stream:
         if final and self.head:
             out.append(self.decide())
         if out:
-            os.write(self.out, b"".join(out))
+            self.out.write(self, b"".join(out))
 
     def decide(self) -> bytes:
         head, self.head = self.head, b""
@@ -83,7 +100,7 @@ class Stream:
     def flush_partial(self) -> None:
         """A partial line that waited long enough: decided with what it has."""
         if self.head:
-            os.write(self.out, self.decide())
+            self.out.write(self, self.decide())
 
 
 def main(argv: list[str]) -> None:
@@ -92,7 +109,11 @@ def main(argv: list[str]) -> None:
             signal.signal(sig, signal.SIG_IGN)
         except (OSError, ValueError):
             pass
-    streams = {int(i): Stream(int(o)) for i, o in zip(argv[::2], argv[1::2])}
+    sinks: dict[tuple[int, int], Sink] = {}  # one per file: stdout and stderr to one log share it
+    streams = {}
+    for i, o in zip(argv[::2], argv[1::2]):
+        found = os.fstat(int(o))
+        streams[int(i)] = Stream(sinks.setdefault((found.st_dev, found.st_ino), Sink(int(o))))
     while streams:
         ready, _, _ = select.select(list(streams), [], [], DECIDE_AFTER_S)
         if not ready:

@@ -1,13 +1,14 @@
 """``cluster logs <sweep dir>``: one row per point, its overrides, state, steps, final metrics,
-wall time, goodput (``cluster.goodput``: its effective training time ratio) and, for a failed
+wall time (from its launch to its end, as the goodput ledger counts them), goodput (``cluster.goodput``: its effective training time ratio) and, for a failed
 point, its first failing rank; the best point by a metric.
 
 Metrics: the built-in trainer's, from rank 0's step records (the last value of each); a
 program's, the last value of each numeric field that rank 0 printed as ``key=value`` or in a
-JSON object on a line of its own (its log's last 64 KB)."""
+mapping on a line of its own, JSON or a Python dict (Hugging Face's Trainer: its log's last 64 KB)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -20,23 +21,48 @@ from cluster.sweep_dir import Sweep
 from train.protocol import strip_stamp
 
 TRAINER_METRICS = ("train_loss", "test_loss", "test_acc")
+LOSSES = ("test_loss", "eval_loss", "train_loss", "loss")  # the default metric: the first a point has
 KEY_VALUE = re.compile(r"\b([A-Za-z_][\w.]*)=(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
 LOG_TAIL = 65536
 
 
-def trainer_metrics(records: list[dict]) -> tuple[dict, float | None]:
-    """(the last value of each metric in rank 0's step records, its first start record's time)."""
-    metrics, started = {}, None
+def trainer_metrics(records: list[dict]) -> dict:
+    """The last value of each metric in rank 0's step records."""
+    metrics = {}
     for rec in records:
-        if rec.get("event") == "start" and started is None:
-            started = rec.get("time")
         if rec.get("event") == "step":
             metrics.update({k: rec[k] for k in TRAINER_METRICS if rec.get(k) is not None})
-    return metrics, started
+    return metrics
+
+
+def object_metrics(text: str) -> dict | None:
+    """The numeric fields of a printed mapping: a JSON object, or a Python dict's repr (Hugging
+    Face's Trainer prints ``{'loss': '4.704', 'epoch': '0.16'}``, its numbers as strings); None
+    where ``text`` is neither."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            fields = ast.literal_eval(text)  # literals only: a log is data, never code
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+    if not isinstance(fields, dict):
+        return None
+    metrics = {}
+    for key, value in fields.items():
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                continue
+        if isinstance(key, str) and isinstance(value, int | float) and not isinstance(value, bool):
+            metrics[key] = value
+    return metrics
 
 
 def program_metrics(job: JobDir) -> dict:
-    """The last value of each numeric field rank 0 printed (``key=value``, or a JSON object line)."""
+    """The last value of each numeric field rank 0 printed: ``key=value``, or a mapping on a line
+    of its own (after a progress bar's last ``\r`` too)."""
     logs = job.rank_logs(0)
     if not logs:
         return {}
@@ -44,19 +70,13 @@ def program_metrics(job: JobDir) -> dict:
         f.seek(max(0, f.seek(0, 2) - LOG_TAIL))
         text = f.read().decode(errors="replace")
     metrics = {}
-    for line in text.splitlines():
-        line = strip_stamp(line).strip()
-        if line.startswith("{"):
-            try:
-                fields = json.loads(line)
-            except json.JSONDecodeError:
-                fields = {}
-            if isinstance(fields, dict):
-                metrics.update(
-                    {k: v for k, v in fields.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-                )
-                continue
-        metrics.update({k: float(v) for k, v in KEY_VALUE.findall(line)})
+    for line in text.split("\n"):
+        for part in strip_stamp(line).split("\r"):
+            part = part.strip()
+            if part.startswith("{") and (found := object_metrics(part)) is not None:
+                metrics.update(found)
+            else:
+                metrics.update({k: float(v) for k, v in KEY_VALUE.findall(part)})
     return metrics
 
 
@@ -85,13 +105,10 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
     steps = [r.last_step for r in report.ranks if r.last_step is not None]
     row["steps"] = max(steps) if steps else None
     records = job.records(0)  # read once: the metrics and the ledger
-    metrics, started = trainer_metrics(records)
     program = (job.plan() or {}).get("program")
-    row["metrics"] = metrics if not program else program_metrics(job)
+    row["metrics"] = trainer_metrics(records) if not program else program_metrics(job)
     if program and program["kind"] == "submitit":
         row["metrics"].update(result_metrics(job))
-    ended_at = max((r.last_time for r in report.ranks if r.last_time), default=None)
-    row["wall_s"] = round(ended_at - started, 1) if started and ended_at else None
     if report.world_size and report.completed == report.world_size:
         row["state"] = "completed"
     else:
@@ -105,6 +122,8 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
             row["first_failure"] = {"rank": first["rank"], "error": first["error"]} if first else None
     ledger = goodput.ledger_of(job, records=records, running=row["state"] in ("pending", "running"))
     row["goodput"] = ledger and ledger.to_json()["ettr"]
+    # From its launch (its submission, on a backend without a queue) to its last record or line
+    row["wall_s"] = ledger and round(ledger.wall_s - ledger.categories["queued"], 1)
     return row
 
 
@@ -113,7 +132,7 @@ def sweep_table(sweep: Sweep, metric: str | None = None, mode: str = "min") -> d
     jobs, alive = sweep.jobs(), sweep.runner_alive()
     config = sweep.config()
     rows = [point_row(i, point, jobs.get(i), alive) for i, point in enumerate(config["points"])]
-    metric = metric or next((m for m in ("test_loss", "train_loss") if any(m in r["metrics"] for r in rows)), None)
+    metric = metric or next((m for m in LOSSES if any(m in r["metrics"] for r in rows)), None)
     scored = [r for r in rows if r["state"] == "completed" and isinstance(r["metrics"].get(metric), int | float)]
     scored = [r for r in scored if math.isfinite(r["metrics"][metric])]
     best = (min if mode == "min" else max)(scored, key=lambda r: r["metrics"][metric]) if scored else None
@@ -127,7 +146,9 @@ def sweep_table(sweep: Sweep, metric: str | None = None, mode: str = "min") -> d
 
 def format_sweep(table: dict) -> str:
     rows = table["points"]
-    names = sorted({m for r in rows for m in r["metrics"]}, key=lambda m: (m not in TRAINER_METRICS, m))[:6]
+    names = sorted(
+        {m for r in rows for m in r["metrics"]}, key=lambda m: (m not in TRAINER_METRICS, "loss" not in m, m)
+    )[:6]
     width = max([len("overrides"), *(len(" ".join(r["overrides"])) for r in rows)])
     head = f"{'point':>5}  {'overrides':<{width}}  {'state':<13} {'steps':>6} " + "".join(
         f"{n[:12]:>13}" for n in names

@@ -57,6 +57,7 @@ class RankReport:
     last_loss: float | None = None
     median_step_ms: float | None = None  # of its recent steps (train.protocol.recent_records)
     last_time: float | None = None
+    last_progress: float | None = None  # its last step's time (its start's, before one)
     attempts: int = 1
     pid: int | None = None
     error: str | None = None
@@ -294,6 +295,7 @@ def rank_reports(
         if last is not None and last[2] == rep.pid and last[0] > (rep.last_step or 0):
             rep.last_step, progress = last[0], last[1]
             rep.last_time = max(rep.last_time or 0, last[1])
+        rep.last_progress = progress
         logs = job_dir.rank_log_files(rank, names)
         rep.attempts = max(1, len(logs))
         scan = scan_log(logs[-1] if logs else None, completed=final, progress=progress)
@@ -323,7 +325,7 @@ def rank_reports(
                 if trained
                 else f"start-up limit: no first optimizer step in time ({scan['stalled']})"
             )
-            rep.error_time = progress if trained and progress else rep.last_time  # it stalled after its last step
+            rep.error_time = progress if trained else rep.last_time  # it stalled after its last step
         elif running and rep.last_time and now - rep.last_time > silent_after_s:
             rep.state = "silent"
             rep.frames = scan.get("dump_frames", [])
@@ -406,6 +408,8 @@ def triage(reports: list[RankReport], hang: dict | None = None) -> tuple[dict | 
         cascade.setdefault(label, []).append(r.rank)
     if first.rank in culprits:
         first.error, first.frames = hang_error(first, hang)
+        if first.state == "killed":  # by the launcher, once a peer's watchdog fired: it had stalled first
+            first.state, first.error_time = "stalled", first.last_progress or first.error_time
     failure = {
         "rank": first.rank,
         "node": first.node,
