@@ -5,6 +5,7 @@ from real runs); the slow ones make real hangs with the training module's debug 
 """
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -177,6 +178,29 @@ def test_flight_recorder_names_ranks_behind(tmp_path):
         "max_seq": 12,
         "behind": {2: 11},
     }
+
+
+class RunsCode:
+    """What a rank could write into a flight-recorder dump: loading it would run a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_flight_recorder_dump_is_read_as_plain_data_never_run(tmp_path):
+    """A job directory is data to its readers: a dump that names a class or a function is
+    skipped, not loaded, and the readers go on with the others."""
+    marker = tmp_path / "ran"
+    (tmp_path / f"{FLIGHT_RECORDER_PREFIX}0").write_bytes(pickle.dumps({"entries": [{"collective_seq_id": 3}]}))
+    (tmp_path / f"{FLIGHT_RECORDER_PREFIX}1").write_bytes(pickle.dumps({"entries": [RunsCode(marker)]}))
+    assert stacks.flight_recorder(JobDir(tmp_path).flight_recorder_files())["last_seq"] == {0: 3}
+    assert not marker.exists()
+    (tmp_path / "submitit").mkdir()
+    JobDir(tmp_path).function_result(0).write_bytes(pickle.dumps(("success", RunsCode(marker))))
+    assert JobDir(tmp_path).function_outcome(0, plain=True) == ("unreadable", None) and not marker.exists()
 
 
 def test_inspector_report_of_a_synthetic_stall(tmp_path):

@@ -83,7 +83,7 @@ def program_metrics(job: JobDir) -> dict:
 def result_metrics(job: JobDir) -> dict:
     """A function's job: rank 0's return value as metrics: a number is ``result``, a dict's
     numeric fields are themselves."""
-    kind, value = job.function_outcome(0)
+    kind, value = job.function_outcome(0, plain=True)
     if kind != "success":
         return {}
     fields = value if isinstance(value, dict) else {"result": value}
