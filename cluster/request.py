@@ -30,7 +30,7 @@ from train.protocol import parse_time_limit_signal
 
 PREFLIGHT_JOIN_TIMEOUT_S = 120.0  # how long preflight's rank 0 waits for every rank (spec.stall_timeout_s if set)
 # spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
-# gets from cluster.attempts (fewer than planned once min_nodes let the job go on without one)
+# gets from cluster.backends.slurm.attempts (fewer than planned once min_nodes let the job go on without one)
 ATTEMPT_NODES, ATTEMPT_NNODES, ATTEMPT_NTASKS = "$ATTEMPT_NODES", "$ATTEMPT_NNODES", "$ATTEMPT_NTASKS"
 
 
@@ -53,7 +53,9 @@ class Request:
     steps: tuple[Step, ...]
     launcher: str  # per_task or torchrun
     restarts: int = 0  # spec.restarts: the train step runs in a loop of attempts
-    attempts: tuple[str, ...] = ()  # with restarts: the command that starts and ends attempts (cluster.attempts)
+    attempts: tuple[
+        str, ...
+    ] = ()  # with restarts: the command that starts and ends attempts (cluster.backends.slurm.attempts)
     # What a launcher other than SLURM needs besides the steps: the job's name, its time limit,
     # the ranks' time-limit signal and how long before the limit it comes, and the image
     # (with its mounts and GPUs per node) that cluster=docker runs every node in.
@@ -182,7 +184,7 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
             own_log = backends.get(spec.cluster).shim_opens_rank_logs
             command = in_container(spec, rank_program(spec, python, rank_log=own_log))
             steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", tuple(command)))
-    attempts = in_container(spec, [python, "-P", "-m", "cluster.attempts"]) if spec.restarts else []
+    attempts = in_container(spec, [python, "-P", "-m", "cluster.backends.slurm.attempts"]) if spec.restarts else []
     return Request(
         sbatch=tuple(sbatch_options(spec, plan)),
         srun=tuple(srun_options(spec)),

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from cluster.attempt_history import format_attempts, summary
-from cluster.attempts import (
+from cluster.backends.slurm.attempt_history import format_attempts, summary
+from cluster.backends.slurm.attempts import (
     BAD_NODE_STATES,
     DEAD_NODE_STATES,
     Decision,

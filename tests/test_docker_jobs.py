@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.containers import LABEL, container_configs, node_gpus
+from cluster.launcher.containers import LABEL, container_configs, node_gpus
 from cluster.plan import make_plan
 from cluster.poll import wait_until
 from cluster.request import make_request

@@ -13,7 +13,7 @@ from submitit.helpers import DelayedSubmission
 
 import cluster
 from cluster.api import override_texts
-from cluster.backends.submitit_slurm import parameters
+from cluster.backends.slurm.functions import parameters
 from cluster.jobdir import FUNCTION_PICKLE
 from cluster.submission import function_spec, submission
 from tests.conftest import run_module
@@ -62,7 +62,7 @@ def test_a_function_that_restarts_inside_its_allocation_runs_in_the_kits_own_scr
     spec, plan = function_spec("jobs/multi_node.yaml", ["restarts=2", "spare_nodes=1", f"log_dir={tmp_path}"])
     assert spec.cluster == "slurm"  # submitit's script has no attempts loop
     job = submission(spec, plan, function=DelayedSubmission(print, 1))
-    assert "--submitit=$JOB_DIR/submitit" in job.script and "cluster.attempts" in job.script
+    assert "--submitit=$JOB_DIR/submitit" in job.script and "cluster.backends.slurm.attempts" in job.script
     assert pickle.loads(job.files[FUNCTION_PICKLE]).args == (1,)  # written by the kit after sbatch
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cluster.goodput import (
+from cluster.goodput.ledger import (
     Attempt,
     attempt_of,
     build,
@@ -19,7 +19,7 @@ from cluster.goodput import (
     mtbf_hours,
     young_daly_s,
 )
-from cluster.goodput_sim import Scenario, parse_scenario, run_once, simulate
+from cluster.goodput.simulate import Scenario, parse_scenario, run_once, simulate
 from cluster.jobdir import JobDir
 from tests.conftest import run_module
 from train.errors import ConfigError

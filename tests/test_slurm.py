@@ -119,7 +119,7 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
     have 4 CPUs and 8000 MB. SLURM accepts such a job and leaves it pending forever: status
     and --wait say why, and once cancelled, logs says no rank started."""
     from cluster.backends import JobRef, NeverStarts, get
-    from cluster.backends.slurm import slurm_job
+    from cluster.backends.slurm.backend import slurm_job
     from cluster.jobdir import JobDir
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", wait=False)
@@ -168,7 +168,7 @@ REQUEST_FIELDS = ("JobName", "Requeue", "TimeLimit", "NumNodes", "NumTasks", "CP
 
 
 def recorded_request(job_id: str) -> tuple[dict, list[str]]:
-    from cluster.backends.slurm import slurm_job
+    from cluster.backends.slurm.backend import slurm_job
 
     fields = {k: v.replace(f"-{job_id}.", "-<id>.") for k, v in slurm_job(job_id).items() if k in REQUEST_FIELDS}
     # A pending job shows its node count as a range ("2-2"), a started one as the count it got
@@ -321,7 +321,7 @@ def test_functions_through_submitit_return_raise_and_requeue_at_their_time_limit
 
 def test_sigkill_ends_the_job_within_60_s(tmp_path):
     from cluster.backends.base import TERMINAL
-    from cluster.backends.slurm import slurm_state
+    from cluster.backends.slurm.backend import slurm_state
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
                           "train.log_every=5", wait=False)  # fmt: skip
@@ -342,7 +342,7 @@ def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path)
     names it and the job goes on; then the stall watchdog ends the job and the inspector
     names rank 2, not the waiting rank whose error came first."""
     from cluster.backends.base import TERMINAL
-    from cluster.backends.slurm import slurm_state
+    from cluster.backends.slurm.backend import slurm_state
 
     result, info = submit("jobs/multi_node.yaml", tmp_path, *FIT, "gpus_per_node=2", "train.steps=100000",
                           "train.log_every=5", "train.hang_at_step=20", "train.hang_rank=2",
@@ -385,7 +385,7 @@ def wait_requeued(job_id: str) -> None:
     machine). Relaunched within the second its previous attempt was killed, slurmd refuses it
     ("Killing non-startable batch job: Job credential revoked", seen here) and the job ends
     CANCELLED with no second attempt (seen once in a CI run)."""
-    from cluster.backends.slurm import slurm_job
+    from cluster.backends.slurm.backend import slurm_job
 
     def requeued():  # and done with its last attempt: not REQUEUED or COMPLETING (seen) any more
         fields = slurm_job(job_id)
@@ -401,7 +401,7 @@ def wait_requeued(job_id: str) -> None:
 
 
 def wait_state(job_id: str, wanted: tuple[str, ...], timeout: float = 180) -> str:
-    from cluster.backends.slurm import slurm_state
+    from cluster.backends.slurm.backend import slurm_state
 
     def reached():
         state = (slurm_state(job_id) or "GONE").split()[0]
@@ -776,7 +776,7 @@ def test_a_failure_nearer_the_time_limit_than_a_restart_needs_is_not_restarted(t
     killed: a restart needs a start-up as long (43 s or more) and the minute SLURM may signal
     early, more than what is left, so the kit starts none and says why; the job ends by itself
     before its limit."""
-    from cluster.backends.slurm import slurm_job
+    from cluster.backends.slurm.backend import slurm_job
 
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -894,7 +894,7 @@ def test_your_own_script_on_two_nodes_names_the_rank_that_raised(launcher, tmp_p
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
 def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watchdog(launcher, tmp_path):
     from cluster.backends.base import TERMINAL
-    from cluster.backends.slurm import slurm_state
+    from cluster.backends.slurm.backend import slurm_state
 
     result, info = script_job(tmp_path, launcher, "--hang-at-step", "20", "--hang-rank", "2", wait=False)
     assert result.returncode == 0, result.stderr

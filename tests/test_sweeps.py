@@ -10,9 +10,9 @@ import pytest
 
 import cluster
 from cluster.api import Job, SweepJob, override_texts
-from cluster.logs.sweep_table import format_sweep, program_metrics
-from cluster.sweep_dir import JOBS
-from cluster.sweeps import grid_points, parse_grid, read_points, sweep_points
+from cluster.sweeps.directory import JOBS
+from cluster.sweeps.grid import grid_points, parse_grid, read_points, sweep_points
+from cluster.sweeps.table import format_sweep, program_metrics
 from tests.conftest import run_module
 from tests.support.synthetic import make_job, make_sweep
 
@@ -109,7 +109,7 @@ def test_hugging_faces_metrics_dicts_are_read_after_its_progress_bar(tmp_path):
     """Trainer prints a Python dict, its numbers as strings, after tqdm's last "\\r"; its last
     values are the point's metrics, and its loss is the table's default metric."""
     from cluster.jobdir import JobDir
-    from cluster.logs.sweep_table import LOSSES
+    from cluster.sweeps.table import LOSSES
 
     job = make_job(tmp_path / "j", world=1, lines=3)
     log = job / "rank_00000.log"
@@ -186,8 +186,8 @@ def test_the_api_is_the_package(tmp_path):
 
 def test_a_slurm_sweep_is_one_array_when_its_points_share_an_allocation(tmp_path):
     from cluster.backends import get
-    from cluster.sweep_dir import point_overrides
-    from cluster.sweeps import submissions
+    from cluster.sweeps.directory import point_overrides
+    from cluster.sweeps.grid import submissions
 
     slurm = get("slurm")
     same = [["optim.lr=0.1"], ["optim.lr=1"], ["optim.lr=10"]]

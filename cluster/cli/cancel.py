@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cluster import api
 from cluster.cli.common import at_least, job_arguments, say
-from cluster.sweep_dir import Sweep
+from cluster.sweeps.directory import Sweep
 
 
 def add_arguments(parser) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cluster.cli.common import say
-from cluster.goodput_cli import simulate_command
+from cluster.goodput.advice import simulate_command
 
 DESCRIPTION = (
     "Predict the effective training time ratio (ETTR) of a run at scale for three policies "

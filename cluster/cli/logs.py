@@ -14,7 +14,7 @@ from cluster.logs.follow import follow
 from cluster.logs.plot import plot_goodput, plot_step_times
 from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import collector_paused, inspect, job_is_running
-from cluster.sweep_dir import Sweep
+from cluster.sweeps.directory import Sweep
 from train.errors import ConfigError
 
 
@@ -55,7 +55,7 @@ def run(args) -> int:
                          step_times=bool(args.plot))  # fmt: skip
         ledger = None
         if args.goodput or not (args.json or args.rank is not None):  # where it is shown: not a 16,384-rank --json
-            from cluster.goodput import ledger_of  # here, not above: a 16,384-rank --json goes without it
+            from cluster.goodput.ledger import ledger_of  # here, not above: a 16,384-rank --json goes without it
 
             # The report's answer (unknown counts as over, as in the triage): not asked again
             ledger = ledger_of(job_dir, running=bool(report.running))
@@ -74,7 +74,7 @@ def run(args) -> int:
 
 
 def plot(report, ledger, job_dir: JobDir, args) -> None:
-    from cluster.goodput import group_ledgers  # here, not above: as ledger_of
+    from cluster.goodput.ledger import group_ledgers  # here, not above: as ledger_of
 
     if args.goodput:
         if ledger is None:
@@ -91,7 +91,7 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
     advice = None
     if ledger and args.goodput:
         # YAML and the simulator: --goodput's alone
-        from cluster.goodput_cli import format_advice, goodput_advice, gpu_hour_price
+        from cluster.goodput.advice import format_advice, goodput_advice, gpu_hour_price
 
         advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args), gpu_hour_price(job_dir)
     if args.json:
@@ -103,7 +103,7 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
         sys.stdout.buffer.writelines(pieces)
         return
     print(format_report(report))
-    from cluster.goodput import format_line, format_table  # as ledger_of
+    from cluster.goodput.ledger import format_line, format_table  # as ledger_of
 
     if ledger and args.goodput:
         print("\n".join(format_table(ledger) + format_advice(advice)))
@@ -113,7 +113,7 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
 
 def sweep_logs(sweep: Sweep, args) -> int:
     """``cluster logs <sweep dir>``: a row per point; exit 1 when a point failed."""
-    from cluster.logs.sweep_table import format_sweep, plot_sweep, sweep_table  # a sweep's alone
+    from cluster.sweeps.table import format_sweep, plot_sweep, sweep_table  # a sweep's alone
 
     table = sweep_table(sweep, args.metric, args.mode)
     print(json.dumps(table, indent=1) if args.json else format_sweep(table))

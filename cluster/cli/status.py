@@ -6,7 +6,7 @@ import json
 
 from cluster import api
 from cluster.cli.common import job_arguments
-from cluster.sweep_dir import Sweep
+from cluster.sweeps.directory import Sweep
 
 
 def add_arguments(parser) -> None:

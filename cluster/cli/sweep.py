@@ -6,8 +6,8 @@ import json
 
 from cluster import api
 from cluster.cli.common import at_least, say
-from cluster.logs.sweep_table import format_sweep
-from cluster.sweeps import dry_run, read_points, sweep_points
+from cluster.sweeps.grid import dry_run, read_points, sweep_points
+from cluster.sweeps.table import format_sweep
 from train.errors import ConfigError
 
 DESCRIPTION = (

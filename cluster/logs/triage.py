@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 from cluster import backends, stacks
-from cluster.attempt_history import restarts_used, summary
+from cluster.backends.slurm.attempt_history import restarts_used, summary
 from cluster.jobdir import ATTEMPTS, JobDir
 from cluster.logs.kills import SchedulerKills, scheduler_kill
 from cluster.logs.scan import scan_log

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from cluster.jobdir import JobDir
-from cluster.sweep_dir import SWEEP, Sweep
+from cluster.sweeps.directory import SWEEP, Sweep
 
 START = time.mktime((2026, 1, 1, 12, 0, 0, 0, 0, -1))
 

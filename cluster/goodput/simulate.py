@@ -1,5 +1,5 @@
 """``cluster goodput --simulate``: the effective training time ratio a job would get at scale,
-replaying failures against measured phase costs (a job's ledger, ``cluster.goodput``).
+replaying failures against measured phase costs (a job's ledger, ``cluster.goodput.ledger``).
 
 A run needs ``work_h`` hours of training. It starts up, trains in intervals of ``ckpt_every``
 steps each followed by a save, and fails after an exponential time of mean ``mtbf_h`` (or at
@@ -22,7 +22,7 @@ import random
 import statistics
 from dataclasses import asdict, dataclass, field, fields
 
-from cluster.goodput import mtbf_hours, young_daly_s
+from cluster.goodput.ledger import mtbf_hours, young_daly_s
 from train.config import apply_overrides, build, require_positive
 from train.errors import ConfigError
 

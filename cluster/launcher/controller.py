@@ -143,7 +143,7 @@ def launch_record(request: Request, plan: Plan, job_dir: JobDir, job_id: str, py
 
 class Controller:
     """Runs the launch file's steps one after another, like the batch script's srun lines. A
-    step's units are processes here (the tasks of one node) or containers (``cluster.containers``,
+    step's units are processes here (the tasks of one node) or containers (``cluster.launcher.containers``,
     one per node); either way one failed unit ends the step (kill-on-bad-exit), and so do the
     time limit and SIGTERM (``cluster cancel``)."""
 

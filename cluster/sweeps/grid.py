@@ -8,7 +8,7 @@ anything runs. The sweep's directory (``<log_dir>/<name>/sweep-<time>``) holds `
 directory) and one directory per point (``p0003``) that is the point's ``log_dir``: its jobs
 are ``p0003/<name>/<job id>``. On a backend with job arrays (SLURM) the points are one array,
 one submission, ``max_parallel`` running at once (``%N``), where they share one allocation;
-elsewhere a runner (``cluster.sweep_runner``) submits them through the spec's backend, at most
+elsewhere a runner (``cluster.sweeps.runner``) submits them through the spec's backend, at most
 ``max_parallel`` unfinished at once. One point failing does not stop the others, and
 ``resume`` runs again only the points that did not complete.
 """
@@ -28,7 +28,7 @@ from cluster import backends, processes
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, submission
-from cluster.sweep_dir import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
+from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from train.config import ConfigError, parse_override
 
 
@@ -244,7 +244,7 @@ def start(sweep: Sweep, indices: list[int], max_parallel: int | None = None) -> 
     config = sweep.config()
     with (sweep.path / RUNNER_LOG).open("ab") as log:
         runner = subprocess.Popen(
-            [config["python"], "-P", "-m", "cluster.sweep_runner", str(sweep.path.resolve()),
+            [config["python"], "-P", "-m", "cluster.sweeps.runner", str(sweep.path.resolve()),
              str(max_parallel or config["max_parallel"]), *map(str, indices)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=config["cwd"],
             start_new_session=True,

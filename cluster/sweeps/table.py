@@ -1,5 +1,5 @@
 """``cluster logs <sweep dir>``: one row per point, its overrides, state, steps, final metrics,
-wall time (from its launch to its end, as the goodput ledger counts them), goodput (``cluster.goodput``: its effective training time ratio) and, for a failed
+wall time (from its launch to its end, as the goodput ledger counts them), goodput (``cluster.goodput.ledger``: its effective training time ratio) and, for a failed
 point, its first failing rank; the best point by a metric.
 
 Metrics: the built-in trainer's, from rank 0's step records (the last value of each); a
@@ -14,10 +14,11 @@ import math
 import re
 from pathlib import Path
 
-from cluster import backends, goodput
+from cluster import backends
+from cluster.goodput.ledger import ledger_of
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
-from cluster.sweep_dir import Sweep
+from cluster.sweeps.directory import Sweep
 from train.protocol import strip_stamp
 
 TRAINER_METRICS = ("train_loss", "test_loss", "test_acc")
@@ -120,7 +121,7 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
             row["state"] = "failed"
             first = report.first_failure
             row["first_failure"] = {"rank": first["rank"], "error": first["error"]} if first else None
-    ledger = goodput.ledger_of(job, records=records, running=row["state"] in ("pending", "running"))
+    ledger = ledger_of(job, records=records, running=row["state"] in ("pending", "running"))
     row["goodput"] = ledger and ledger.to_json()["ettr"]
     # From its launch (its submission, on a backend without a queue) to its last record or line
     row["wall_s"] = ledger and round(ledger.wall_s - ledger.categories["queued"], 1)

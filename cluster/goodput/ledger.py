@@ -36,7 +36,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from cluster import backends
-from cluster.attempt_history import history
+from cluster.backends.slurm.attempt_history import history
 from cluster.jobdir import JobDir
 from cluster.logs.scan import scan_log
 from cluster.logs.triage import job_is_running

@@ -21,8 +21,8 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster.controller import KILL_WAIT_S, Controller
 from cluster.jobdir import JobDir
+from cluster.launcher.controller import KILL_WAIT_S, Controller
 from cluster.poll import WaitTimeout, wait_until
 from train.errors import ConfigError
 

@@ -1,5 +1,5 @@
 """A sweep's directory: its files, named once, and what is known of its points without
-running anything (``cluster.sweeps`` makes and runs sweeps; ``cluster logs`` only reads them,
+running anything (``cluster.sweeps.grid`` makes and runs sweeps; ``cluster logs`` only reads them,
 and starts without the spec's machinery).
 
 ``sweep.json``: the spec, the overrides, the points (and, for a function's sweep, which keys

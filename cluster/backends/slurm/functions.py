@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cluster.backends.base import Submission
-from cluster.backends.slurm import SlurmBackend, require_sbatch
+from cluster.backends.slurm.backend import SlurmBackend, require_sbatch
 from cluster.jobdir import FUNCTION_DIR, FUNCTION_PICKLE, SCRIPT, JobDir
 from cluster.shell import shell_word
 from train.errors import ConfigError

@@ -15,9 +15,9 @@ import os
 import sys
 from pathlib import Path
 
-from cluster.containers import ContainerController
-from cluster.controller import Controller
 from cluster.jobdir import JobDir
+from cluster.launcher.containers import ContainerController
+from cluster.launcher.controller import Controller
 
 # launch.json's "units": what one unit of a step is (kill-on-bad-exit ends the step when one fails)
 CONTROLLERS = {"processes": Controller, "containers": ContainerController}

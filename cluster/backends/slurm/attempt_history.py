@@ -1,5 +1,5 @@
 """The record of a job's attempts (spec ``restarts``): ``attempts.jsonl`` written by
-``cluster.attempts`` between attempts, read by ``cluster logs`` and ``cluster status``, and
+``cluster.backends.slurm.attempts`` between attempts, read by ``cluster logs`` and ``cluster status``, and
 its summary in words.
 """
 
@@ -11,7 +11,7 @@ import time
 from cluster.jobdir import JobDir
 from train.protocol import read_records
 
-# What cluster.attempts says goes to the batch script's output (slurm-<id>.log), each line
+# What cluster.backends.slurm.attempts says goes to the batch script's output (slurm-<id>.log), each line
 # prefixed; before each restart it says "restart N of M ...": srun's words about the tasks of
 # the attempt running now come after the last such line (``cluster.logs.kills.scheduler_kill``).
 SAY_PREFIX = "cluster.attempts: "

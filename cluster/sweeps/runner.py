@@ -1,4 +1,4 @@
-"""A sweep's runner (``python -m cluster.sweep_runner SWEEP_DIR MAX_PARALLEL POINT...``):
+"""A sweep's runner (``python -m cluster.sweeps.runner SWEEP_DIR MAX_PARALLEL POINT...``):
 submits the points through the spec's backend, at most MAX_PARALLEL unfinished at once, and
 records each submission in the sweep's jobs.jsonl. A point that fails to submit or to run
 does not stop the others. Started by ``cluster.sweeps.start``; its account goes to runner.log."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from cluster.api import Job, submit, submit_function
 from cluster.poll import wait_until
-from cluster.sweep_dir import Sweep
-from cluster.sweeps import split_point
+from cluster.sweeps.directory import Sweep
+from cluster.sweeps.grid import split_point
 
 POLL_S = 1.0
 
@@ -39,7 +39,7 @@ def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
     config = sweep.config()
     os.chdir(config["cwd"])  # the spec's path and its relative paths are the submitter's
     running: dict[int, Job] = {}
-    # Cancelled (cluster.sweep_dir's stop_runner): no point starts after this; the running ones end.
+    # Cancelled (cluster.sweeps.directory's stop_runner): no point starts after this; the running ones end.
     signal.signal(signal.SIGTERM, lambda *_: queue.clear())
 
     def one_round() -> bool:

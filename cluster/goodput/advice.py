@@ -1,5 +1,5 @@
 """What ``cluster logs --goodput`` advises and ``cluster goodput --simulate`` predicts, from a
-job's measured phase costs (its ledger, ``cluster.goodput``)."""
+job's measured phase costs (its ledger, ``cluster.goodput.ledger``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import statistics
 
 import yaml
 
-from cluster.goodput import Ledger, expected_ettr, gpus_per_node, ledger_of, mtbf_hours, young_daly_s
-from cluster.goodput_sim import Scenario, format_simulation, parse_scenario, simulate
+from cluster.goodput.ledger import Ledger, expected_ettr, gpus_per_node, ledger_of, mtbf_hours, young_daly_s
+from cluster.goodput.simulate import Scenario, format_simulation, parse_scenario, simulate
 from cluster.jobdir import TRAIN_CONFIG, JobDir
 from train.errors import ConfigError
 

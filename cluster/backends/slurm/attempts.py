@@ -1,15 +1,15 @@
 """Restarts inside the allocation (spec ``restarts``, ``spare_nodes``): what the batch script
 asks between attempts. It runs on the batch node, in the job's environment.
 
-``python -P -m cluster.attempts start JOB_DIR``
+``python -P -m cluster.backends.slurm.attempts start JOB_DIR``
     the first attempt (or, after a requeue, the next one): prints ``NUMBER COUNT NODE,NODE,...``
     (the attempt's number, its node count and its nodes).
-``python -P -m cluster.attempts guard JOB_DIR --batch-node NODE``
+``python -P -m cluster.backends.slurm.attempts guard JOB_DIR --batch-node NODE``
     runs as a step on another node of the allocation and requeues the job once SLURM reports
     the batch node down: with ``--no-kill`` SLURM keeps the allocation of a job whose batch
     node died (seen with 22.05: "Removing failed node n1 from JobId=...") and nothing would
     start the next attempt; the requeue is the fallback where the allocation cannot go on.
-``python -P -m cluster.attempts next JOB_DIR --exit-code N``
+``python -P -m cluster.backends.slurm.attempts next JOB_DIR --exit-code N``
     triages the attempt that just ended (``cluster.logs``: the first failure's rank and node,
     a hang's culprit, or the ranks that never joined the attempt's preflight), records it, and
     prints the next attempt the same way: the culprit's node is replaced by a spare when one is
@@ -36,8 +36,8 @@ from datetime import datetime
 
 import yaml
 
-from cluster.attempt_history import SAY_PREFIX, append, history, restarts_used
-from cluster.backends.slurm import SlurmBackend, slurm_job
+from cluster.backends.slurm.attempt_history import SAY_PREFIX, append, history, restarts_used
+from cluster.backends.slurm.backend import SlurmBackend, slurm_job
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
 from cluster.poll import wait_until
@@ -351,7 +351,9 @@ def guard(batch_node: str, say=print) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster.attempts", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m cluster.backends.slurm.attempts", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("action", choices=["start", "next", "guard"])
     parser.add_argument("job_dir", type=JobDir)
     parser.add_argument("--exit-code", type=int, default=1, help="next: the exit code of the attempt that ended")
