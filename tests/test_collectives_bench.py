@@ -24,7 +24,7 @@ def test_collectives_are_correct_and_swept():
 
 
 def test_bench_json_shape():
-    result = run_module("train.bench", "--json", "--rounds=2", "--steps=20", "--strategies=single,minimal,ddp_bucketed",
+    result = run_module("bench.strategies", "--json", "--rounds=2", "--steps=20", "--strategies=single,minimal,ddp_bucketed",
                         "--nprocs=2")  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     runs = json.loads(result.stdout)["runs"]
@@ -35,5 +35,5 @@ def test_bench_json_shape():
 
 
 def test_bench_rejects_unknown_strategy():
-    result = run_module("train.bench", "--strategies=single,fsd")
+    result = run_module("bench.strategies", "--strategies=single,fsd")
     assert result.returncode == 2 and "parallel.strategy" in result.stderr

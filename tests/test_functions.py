@@ -16,9 +16,9 @@ from cluster.api import override_texts
 from cluster.backends.slurm.functions import parameters
 from cluster.jobdir import FUNCTION_PICKLE
 from cluster.submission import function_spec, submission
+from fixtures.synthetic import make_job
 from tests.conftest import run_module
 from tests.support.functions import main_scope
-from tests.support.synthetic import make_job
 
 TWO_BY_TWO = {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2, "mem": "8G", "time": "00:10:00"}
 

@@ -9,8 +9,8 @@ from cluster.logs.scan import parse_traceback
 from cluster.logs.text import format_report
 from cluster.logs.triage import forked_map, inspect
 from cluster.stacks import compress
+from fixtures.synthetic import START, make_job, stamp
 from tests.conftest import run_module
-from tests.support.synthetic import START, make_job, stamp
 from train.protocol import RECENT_BYTES, RecordWriter, read_records, recent_records, record_name
 
 

@@ -13,8 +13,8 @@ from cluster.api import Job, SweepJob, override_texts
 from cluster.sweeps.directory import JOBS
 from cluster.sweeps.grid import grid_points, parse_grid, read_points, sweep_points
 from cluster.sweeps.table import format_sweep, program_metrics
+from fixtures.synthetic import make_job, make_sweep
 from tests.conftest import run_module
-from tests.support.synthetic import make_job, make_sweep
 
 FAST = ["train.steps=20", "train.log_every=5", "train.eval_every=10", "tasks_per_node=2", "train.batch_size=64"]
 

@@ -1,4 +1,4 @@
-"""``python -m train.bench``: samples/s of the kit's strategies, interleaved in one run.
+"""``python -m bench.strategies``: samples/s of the kit's strategies, interleaved in one run.
 
 Every strategy runs once per round, in alternating order (forward, then backward, so a
 drift of the machine's speed hits every contender alike). Each contender's ratio to the first
@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+from bench.runs import launch, machine, run_ranks
+from bench.scaling.fit import averaging_break_even
+from bench.scaling.study import FIT_FILE, RUN_DIR
 from train.config import Config, ConfigError, TrainConfig, load
 from train.data import BatchLoader, ShardedSampler, make_dataset
 from train.dist_env import DistEnv, from_environ
@@ -31,9 +34,6 @@ from train.hangs import StallWatchdog
 from train.loop import autocast_context, run
 from train.model import build_mlp, parameter_count
 from train.parallel.mesh import SINGLE_PROCESS
-from train.runs import launch, machine, run_ranks
-from train.scaling import FIT_FILE, RUN_DIR, averaging_break_even
-from train.scaling import main as scaling_main
 
 
 def one_process(cfg: Config) -> DistEnv:
@@ -141,7 +141,7 @@ def allreduce_ms(nbytes: int, nprocs: int) -> float:
 
 def averaging_check(result: dict, fit: dict, overrides: list[str], nprocs: int) -> dict | None:
     """The cost model's break-even averaging interval for param_avg against one rank
-    (train.scaling.averaging_break_even), checked against the measured rows: for each K tried,
+    (bench.scaling.fit.averaging_break_even), checked against the measured rows: for each K tried,
     did the ranks beat one rank where the model said they would? None without a ``single``
     contender and a param_avg one."""
     one = next((r for r in result["runs"] if r["strategy"] == "single"), None)
@@ -234,7 +234,7 @@ def spread(values: list[float]) -> float:
 
 def format_averaging(a: dict) -> str:
     lines = [
-        f"\ncost model (train.scaling): one rank {a['one_rank_ms']:.3f} ms/step; each of the ranks "
+        f"\ncost model (bench.scaling): one rank {a['one_rank_ms']:.3f} ms/step; each of the ranks "
         f"{a['ranks_compute_ms']:.3f} ms + one all_reduce of the parameters ({a['allreduce_ms']:.3f} ms) every K "
         f"steps: the ranks beat one rank from K > {a['break_even_k']:.1f}"
     ]
@@ -256,12 +256,10 @@ def ratio(result: dict, a: str, b: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["scaling"]:  # the scaling study: its own options (train/scaling.py)
-        return scaling_main(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="python -m train.bench",
+        prog="python -m bench.strategies",
         description=__doc__.split("\n\n")[0],
-        epilog="python -m train.bench scaling --help: the scaling study (model size x data size x ranks)",
+        epilog="python -m bench.scaling --help: the scaling study (model size x data size x ranks)",
     )
     parser.add_argument(
         "--strategies",
@@ -285,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "--fit",
         default=str(FIT_PATH),
         help="the scaling study's saved fit, for the cost model's break-even averaging interval of param_avg "
-        "(with single and param_avg among the strategies); python -m train.bench scaling --quick writes it",
+        "(with single and param_avg among the strategies); python -m bench.scaling --quick writes it",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="training config overrides")
@@ -311,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             result, json.loads(Path(args.fit).read_text())["fit"], args.overrides, args.nprocs
         )
     elif any(s.startswith("param_avg") for s in strategies):
-        log(f"no break-even prediction for param_avg: no fit at {args.fit} (python -m train.bench scaling --quick)")
+        log(f"no break-even prediction for param_avg: no fit at {args.fit} (python -m bench.scaling --quick)")
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

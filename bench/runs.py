@@ -1,4 +1,4 @@
-"""Training in fresh processes, for the benchmarks (``train.bench``, ``train.scaling``,
+"""Training in fresh processes, for the benchmarks (``bench.strategies``, ``bench.scaling``,
 ``make bench``): ``python -m`` a module on N ranks under torchrun, the ranks' step records,
 and the machine it ran on."""
 
