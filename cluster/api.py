@@ -29,7 +29,8 @@ from cluster.backends.slurm.attempt_history import restarts_used, summary
 from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
 from cluster.goodput.ledger import format_line, ledger_of
 from cluster.jobdir import JobDir
-from cluster.logs.triage import Report, inspect
+from cluster.logs.report import Report
+from cluster.logs.triage import inspect
 from cluster.plan import Plan
 from cluster.poll import wait_until
 from cluster.snapshot import snapshot

@@ -5,9 +5,10 @@ import os
 import pytest
 
 from cluster.jobdir import JobDir
+from cluster.logs.parallel import forked_map
 from cluster.logs.scan import parse_traceback
 from cluster.logs.text import format_report
-from cluster.logs.triage import forked_map, inspect
+from cluster.logs.triage import inspect
 from cluster.stacks import compress
 from fixtures.synthetic import START, make_job, stamp
 from tests.conftest import run_module
@@ -196,7 +197,7 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     import math
 
     from cluster.logs.plot import plot_step_times, step_time_grid
-    from cluster.logs.triage import RankReport, Report
+    from cluster.logs.report import RankReport, Report
 
     times = [(s, 10.0, START + s / 100) for s in range(20, 121, 20)]
     times += [(s, 10.0, START + 9.0 + (s - 100) / 100) for s in range(120, 201, 20)]
@@ -379,3 +380,37 @@ def test_bad_numbers_and_directories_exit_2_naming_them(args, names, tmp_path):
     done = run_module("cluster", *(a.format(job=job, empty=tmp_path / "empty") for a in args))
     assert done.returncode == 2 and all(n in done.stderr for n in names), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_rules_judge_made_up_evidence_without_a_file():
+    """cluster.logs.rules is pure: a rank's evidence in, its state out; the hang's stacks come
+    through a function, here a dict."""
+    from cluster.logs.kills import SchedulerKills
+    from cluster.logs.reader import RankEvidence
+    from cluster.logs.rules import find_hang, rank_state, triage
+    from cluster.stacks import Frame, Stack
+
+    def judged(**fields):
+        scan = {"last_time": 100.0, "stalled": None, "signal": None, "mtime": 130.0, **fields.pop("scan", {})}
+        evidence = RankEvidence(rank=fields.pop("rank", 0), logs=["r.log"], scan=scan, **fields)
+        return rank_state(evidence, False, 200.0, 300.0, True, SchedulerKills(), lambda: ("no log", ""))
+
+    stalled = judged(trained=True, progress=90.0, last_step=10, scan={"stalled": "Timeout (0:00:25)!"})
+    assert (stalled.state, stalled.error_time, stalled.last_step) == ("stalled", 90.0, 10)
+    killed = judged(rank=1, progress=91.0, trained=True)
+    assert killed.state == "killed" and "killed by a signal?" in killed.error and killed.error_time == 130.0
+    done = judged(final=True, end={"exit_code": 0, "steps": 0})
+    assert done.state == "no_progress"
+    sleeping = Stack([Frame("/u/train.py", 35, "main")], "dump")
+    waiting = Stack(
+        [Frame("/x/torch/distributed/distributed_c10d.py", 1, "all_reduce"), Frame("/u/train.py", 30, "main")], "stall"
+    )
+    stacks_of = {0: sleeping, 1: waiting}
+    culprit, peer = (
+        judged(rank=0, trained=True, progress=90.0),
+        judged(rank=1, trained=True, progress=90.5, scan={"stalled": "Timeout (0:00:25)!"}),
+    )
+    hang = find_hang([culprit, peer], lambda r: stacks_of[r.rank])
+    first, cascade = triage([culprit, peer], hang, lambda r: stacks_of[r.rank])
+    assert hang["culprits"] == [0] and first["rank"] == 0 and first["state"] == "stalled" and first["time"] == 90.0
+    assert "train.py:35 in main" in first["error"] and cascade == {"stall watchdog fired": [1]}

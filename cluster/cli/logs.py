@@ -11,9 +11,10 @@ import sys
 from cluster.cli.common import at_least, job_arguments
 from cluster.jobdir import JobDir
 from cluster.logs.follow import follow
+from cluster.logs.parallel import collector_paused
 from cluster.logs.plot import plot_goodput, plot_step_times
 from cluster.logs.text import format_report, report_json, tail
-from cluster.logs.triage import collector_paused, inspect, job_is_running
+from cluster.logs.triage import inspect, job_is_running
 from cluster.sweeps.directory import Sweep
 from train.errors import ConfigError
 

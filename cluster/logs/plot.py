@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from cluster.logs.triage import RankReport, Report
+from cluster.logs.report import RankReport, Report
 
 
 def step_time_grid(report: Report, columns: int = 400) -> tuple[list[RankReport], list[list[float]], float, float]:

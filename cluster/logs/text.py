@@ -9,7 +9,7 @@ import orjson
 
 from cluster import stacks
 from cluster.backends.slurm.attempt_history import format_attempts
-from cluster.logs.triage import Report, fmt_time
+from cluster.logs.report import Report, fmt_time
 from cluster.stacks import compress
 
 
