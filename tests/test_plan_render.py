@@ -204,3 +204,21 @@ def test_submit_dry_run_of_a_bad_function_or_signal_exits_2(override, key, tmp_p
     result = run_module("cluster", "submit", "jobs/local.yaml", override, f"log_dir={tmp_path}", "--dry-run")
     assert result.returncode == 2 and key in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_the_backend_is_chosen_once_and_its_traits_travel_with_the_plan(monkeypatch):
+    """make_plan asks the registry; the request and the script ask the plan, never the
+    registry again. Backend is abstract, arrays a capability some backends have."""
+    import cluster.backends as registry
+    from cluster.backends.base import Arrays, Backend
+    from cluster.submission import load_spec, submission
+
+    spec, plan = load_spec(ROOT / "jobs/multi_node.yaml", ["restarts=1"])
+    assert plan.backend == registry.get("slurm").traits and plan.backend.restarts
+    arrays = [isinstance(registry.get(name), Arrays) for name in ("slurm", "local", "docker", "submitit")]
+    assert arrays == [True, False, False, False]
+    asked = []
+    monkeypatch.setattr(registry, "get", lambda name: asked.append(name))
+    assert "cluster.backends.slurm.attempts" in submission(spec, plan).script and asked == []
+    with pytest.raises(TypeError, match="abstract"):
+        type("Half", (Backend,), {"name": "half"})()

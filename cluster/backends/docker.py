@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.base import Backend, Say, State, Submission, Traits
 from cluster.jobdir import JobDir
 from cluster.launcher import containers, controller
 from cluster.poll import WaitTimeout, wait_until
@@ -17,7 +17,7 @@ from train.errors import ConfigError
 
 class DockerBackend(Backend):
     name = "docker"
-    in_image = True
+    traits = Traits(in_image=True)
 
     def check(self, spec) -> None:
         super().check(spec)

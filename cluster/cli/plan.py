@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
-    steps = make_request(spec, plan, node_python(spec)).steps
+    steps = make_request(spec, plan, node_python(spec, plan)).steps
     smaller, why_not = fewer_nodes(spec)
     if args.json:
         print(json.dumps({**plan.to_json(), "steps": steps_json(steps), "resumes_on_fewer_nodes": smaller}, indent=1))

@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
-    text = render(spec, plan, make_request(spec, plan, node_python(spec)), source=args.job)
+    text = render(spec, plan, make_request(spec, plan, node_python(spec, plan)), source=args.job)
     # SLURM does not create the directory of --output: without it the job dies at launch.
     batch_log_dir = job_root(spec.log_dir, spec.name)
     if not batch_log_dir.is_dir():

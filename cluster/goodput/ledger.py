@@ -192,8 +192,8 @@ def ledger_of(
     starts = {r["attempt"]: r["time"] for r in kit_attempts if r["event"] == "start"}
     ends = {r["attempt"]: r for r in kit_attempts if r["event"] == "end"}
     backend = backends.of(job_dir)
-    queue = backend is None or backend.scheduler  # without one, the launcher starts at submission
-    marker = job_dir.file(backend.launch_marker) if backend and backend.launch_marker else None
+    queue = backend is None or backend.traits.scheduler  # without one, the launcher starts at submission
+    marker = job_dir.file(backend.traits.launch_marker) if backend and backend.traits.launch_marker else None
     first_launch = os.stat(marker).st_mtime if marker and os.path.exists(marker) else None
     attempts = []
     for number, mine in enumerate(split_attempts(records)):

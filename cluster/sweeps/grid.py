@@ -25,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from cluster import backends, processes
+from cluster.backends.base import Arrays
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, submission
@@ -99,7 +100,7 @@ def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: i
     for i, ((point_spec, plan), point) in enumerate(zip(loaded, points)):
         lines.append(f"  point {i}: {' '.join(point)}  ({plan.world_size} ranks on {point_spec.nodes} node(s))")
     path, backend = next_path(spec), backends.get(spec.cluster)
-    if backend.array_task_id:
+    if isinstance(backend, Arrays):
         indices = list(range(len(points)))
         jobs = submissions(job, [point_overrides(fixed, p, path, i) for i, p in enumerate(points)], backend)
         script = backend.array_script(jobs, indices, parallel_limit(spec, len(points), max_parallel), path)
@@ -121,7 +122,7 @@ def submissions(job: str, overrides: list[list[str]], backend) -> list:
 def parallel_limit(spec, points: int, max_parallel: int | None) -> int:
     """At most this many points unfinished at once: one machine for local and docker points
     (one at a time unless asked), a scheduler queues them (all)."""
-    return max_parallel or (points if backends.get(spec.cluster).scheduler else 1)
+    return max_parallel or (points if backends.get(spec.cluster).traits.scheduler else 1)
 
 
 def next_path(spec) -> Path:
@@ -223,7 +224,7 @@ def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> s
     allocation, else the sweep's runner. Which it was: "array" or "runner"."""
     config = sweep.config()
     backend, limit = backends.get(config["cluster"]), max_parallel or config["max_parallel"]
-    if backend.array_task_id and "function" not in config:  # a function's points: one job each
+    if isinstance(backend, Arrays) and "function" not in config:  # a function's points: one job each
         # sweep.json read once: a point's overrides from it, not a read of it per point
         overrides = [point_overrides(config["fixed"], config["points"][i], sweep.path, i) for i in indices]
         jobs = submissions(config["job"], overrides, backend)

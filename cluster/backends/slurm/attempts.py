@@ -311,7 +311,7 @@ def restart_needs(spec: dict, attempt: dict, rank0_records: list[dict]) -> float
     step), and the minute SLURM may send the signal early."""
     lead = parse_time_limit_signal(spec["signal"])[1] if spec.get("signal") else 0
     first = [r["time"] for r in rank0_records if r.get("event") == "first_step" and r["time"] >= attempt["time"]]
-    return lead + (first[0] - attempt["time"] if first else 0.0) + SlurmBackend.signal_early_s
+    return lead + (first[0] - attempt["time"] if first else 0.0) + SlurmBackend.traits.signal_early_s
 
 
 def batch_node_lost(state: str, silent_s: float, slurmd_timeout_s: float) -> bool:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.base import Arrays, Backend, Say, State, Submission, Traits
 from cluster.jobdir import ARRAY_TASK_SCRIPT, PLAN, JobDir
 from cluster.poll import WaitTimeout, wait_until
 from cluster.processes import native_stack
@@ -75,16 +75,46 @@ def sbatch(script: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-class SlurmBackend(Backend):
+class SlurmJobs(Backend):
+    """What every job on SLURM answers, whoever submitted it (the kit's script or submitit's)."""
+
+    def state(self, job: JobDir) -> State:
+        try:
+            fields = slurm_job(job.job_id)
+        except FileNotFoundError:  # no scontrol here: a job directory copied from elsewhere
+            return State(None, known=False)
+        reason = pending_reason(fields)
+        never = fields.get("Reason") in NEVER_STARTS and fields.get("JobState") == "PENDING"
+        return State(fields.get("JobState"), reason, never)
+
+    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
+        subprocess.run(["scancel", job.job_id], check=True)
+        try:
+            wait_until(lambda: self.state(job).ended, grace_s, f"job {job.job_id} to end", 0.5)
+        except WaitTimeout:
+            say(
+                f"job {job.job_id} still {self.state(job).name} {grace_s:g} s after scancel: sending SIGKILL to all its steps"
+            )
+            subprocess.run(["scancel", "--signal=KILL", "--full", job.job_id], check=False)
+
+    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
+        # Every task of the job's steps (scancel leaves the batch shell alone).
+        subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job.job_id], check=True)
+
+    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
+        # py-spy on the rank's node, inside the job
+        return native_stack(pid, on=["srun", f"--jobid={job.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"])
+
+
+class SlurmBackend(SlurmJobs, Arrays):
+    """The kit's batch script, through sbatch: restarts inside the allocation, requeue, arrays."""
+
     name = "slurm"
-    restarts = True
-    requeues = True
-    scheduler = True
-    array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
-    launch_marker = PLAN  # the kit's batch script writes the rank plan at its start (cluster.render)
     # sbatch --signal: "Due to the resolution of event handling by Slurm, the signal may be sent
-    # up to 60 seconds earlier than specified."
-    signal_early_s = 60
+    # up to 60 seconds earlier than specified." The kit's batch script writes the rank plan at
+    # its start (cluster.render): its write dates each launch.
+    traits = Traits(restarts=True, requeues=True, scheduler=True, launch_marker=PLAN, signal_early_s=60)
+    array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
 
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:
         # One array asks for one allocation per task: every point must ask for the same.
@@ -128,30 +158,3 @@ class SlurmBackend(Backend):
         job_dir = JobDir(job.job_root / sbatch(job.script))
         job_dir.write(job.files)
         return job_dir
-
-    def state(self, job: JobDir) -> State:
-        try:
-            fields = slurm_job(job.job_id)
-        except FileNotFoundError:  # no scontrol here: a job directory copied from elsewhere
-            return State(None, known=False)
-        reason = pending_reason(fields)
-        never = fields.get("Reason") in NEVER_STARTS and fields.get("JobState") == "PENDING"
-        return State(fields.get("JobState"), reason, never)
-
-    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
-        subprocess.run(["scancel", job.job_id], check=True)
-        try:
-            wait_until(lambda: self.state(job).ended, grace_s, f"job {job.job_id} to end", 0.5)
-        except WaitTimeout:
-            say(
-                f"job {job.job_id} still {self.state(job).name} {grace_s:g} s after scancel: sending SIGKILL to all its steps"
-            )
-            subprocess.run(["scancel", "--signal=KILL", "--full", job.job_id], check=False)
-
-    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
-        # Every task of the job's steps (scancel leaves the batch shell alone).
-        subprocess.run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", job.job_id], check=True)
-
-    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
-        # py-spy on the rank's node, inside the job
-        return native_stack(pid, on=["srun", f"--jobid={job.job_id}", "--overlap", "-N1", "-n1", f"--nodelist={host}"])

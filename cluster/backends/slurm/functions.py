@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster.backends.base import Submission
-from cluster.backends.slurm.backend import SlurmBackend, require_sbatch
+from cluster.backends.base import Submission, Traits
+from cluster.backends.slurm.backend import SlurmJobs, require_sbatch
 from cluster.jobdir import FUNCTION_DIR, FUNCTION_PICKLE, SCRIPT, JobDir
 from cluster.shell import shell_word
 from train.errors import ConfigError
@@ -87,12 +87,13 @@ def submission_text(found) -> str:
     return found._make_submission_file_text(found._submitit_command_str, "dry-run")
 
 
-class SubmititBackend(SlurmBackend):
+class SubmititBackend(SlurmJobs):
+    """A Python function's job on SLURM, submitted by submitit: its script has one srun (no
+    attempts loop, requeue works) and names its own per-task logs, writes none of the kit's
+    files, and has no arrays (a function's sweep submits its points one by one)."""
+
     name = "submitit"
-    restarts = False  # submitit's script has one srun: no attempts loop (requeue works)
-    shim_opens_rank_logs = True  # submitit's srun names its own per-task logs
-    launch_marker = None  # submitit's batch script writes none of the kit's files
-    array_task_id = None  # a function's sweep submits its points one by one (cluster.sweeps.launch)
+    traits = Traits(requeues=True, scheduler=True, shim_opens_rank_logs=True, signal_early_s=60)
 
     def check(self, spec) -> None:
         super().check(spec)
