@@ -17,7 +17,7 @@ import pytest
 
 from cluster.poll import wait_until
 from tests.conftest import ROOT, run_module, torchrun
-from tests.jobs_helpers import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
+from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
 from train.output import STAMPER_GONE
 from train.protocol import STAMPED
 

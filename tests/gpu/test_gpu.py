@@ -1,6 +1,7 @@
 """The GPU tier (``-m gpu``, ``make gpu-check``): the paths that run only on CUDA, run where
-CUDA is present and skipped with the reason printed elsewhere. Their CPU-side parts (the MFU
-arithmetic, the configurations they refuse) are exercised in the fast tier below the line.
+CUDA is present and skipped with the reason printed elsewhere. Their CPU-side parts are
+exercised in the fast tier (tests/unit/test_precision.py); the MFU benchmark's, with its
+GPU run, in tests/bench/test_mfu.py.
 
 Tolerances, float32 on the GPU: NCCL's all-reduce and cuBLAS pick kernels by shape (a rank's
 half batch is another shape than the whole), so the sums of a gradient are ordered
@@ -8,17 +9,16 @@ differently than in one process, a few ulps per step over 20 steps: ``GPU_ATOL =
 the CPU bound's 1e-6 with 10x for kernel choice, still 100x below a missing division by the
 world size (1e-3 after one step). bf16 keeps 8 bits of mantissa (relative rounding 4e-3):
 after 20 steps its loss is within ``LOW_PRECISION_RTOL = 5%`` of fp32's, and must differ
-from it (else autocast or the policy did nothing); fp16 with the GradScaler likewise.
-"""
+from it (else autocast or the policy did nothing); fp16 with the GradScaler likewise."""
 
 import json
 
 import pytest
 import torch
 
-from bench.report import PEAK_FLOPS, mfu_rows
 from tests.conftest import ROOT, docker_engine, torchrun
-from tests.jobs_helpers import submit
+from tests.support.gpu import cuda
+from tests.support.jobs import submit
 from tests.support.strategies import BASE, max_diff, run_strategy
 from train.config import Config, load
 from train.dist_env import DistEnv
@@ -27,10 +27,9 @@ from train.parallel.common import full_parameters
 from train.protocol import read_records, record_name
 
 GPU_ATOL = 1e-5
+
+
 LOW_PRECISION_RTOL = 0.05
-cuda = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device here: the gpu tier runs where one is (make gpu-check)"
-)
 
 
 def one_gpu_run(tmp_path, *overrides) -> tuple[dict, dict]:
@@ -83,17 +82,6 @@ def test_fsdp_mixed_precision_policy_trains_close_to_fp32(tmp_path):
 
 @pytest.mark.gpu
 @cuda
-def test_the_mfu_benchmark_end_to_end():
-    from bench.report import gpu_mfu
-
-    result = gpu_mfu(rounds=1)
-    assert result["device"] == torch.cuda.get_device_name(0) and result["runs"]
-    for row in result["runs"]:
-        assert row["tflops"] > 0 and (row["mfu"] is None or 0 < row["mfu"] < 1), row
-
-
-@pytest.mark.gpu
-@cuda
 def test_a_gpu_job_through_the_local_launcher_names_its_device(tmp_path):
     result, info = submit(str(ROOT / "jobs/single_gpu.yaml"), tmp_path, "cluster=local", "train.steps=50")
     assert result.returncode == 0, result.stdout[-3000:]
@@ -133,22 +121,3 @@ def test_gpu_node_containers_train_on_their_own_gpus(tmp_path):
         start = next(read_records(f"{info['log_dir']}/{record_name(rank)}"))
         assert (start["env"]["device"], start["env"]["backend"]) == ("cuda:0", "nccl")
         assert start["env"]["launcher_vars"]["CUDA_VISIBLE_DEVICES"] == "0"
-
-
-# ----------------------------------------------------------------------------- on the CPU
-def test_mfu_arithmetic():
-    """What gpu_mfu does with the benchmark's rows, without a GPU."""
-    rows = mfu_rows([{"strategy": "single", "samples_per_s": 1000.0}], 2e9, "NVIDIA H100 80GB HBM3", "bf16")
-    assert rows[0]["tflops"] == pytest.approx(2.0) and rows[0]["mfu"] == pytest.approx(
-        2e12 / PEAK_FLOPS["H100"]["bf16"]
-    )
-    assert mfu_rows([{"samples_per_s": 1.0}], 1.0, "a GPU of no table", "bf16")[0]["mfu"] is None
-
-
-def test_fp16_is_refused_on_the_cpu_before_training():
-    from train.config import ConfigError
-    from train.loop import check_supported
-
-    with pytest.raises(ConfigError) as err:
-        check_supported(load(Config, None, ["train.precision=fp16"]), torch.device("cpu"))
-    assert err.value.key == "train.precision"

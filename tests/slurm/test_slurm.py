@@ -15,8 +15,8 @@ import pytest
 from cluster import minicluster
 from cluster.poll import wait_until
 from tests.conftest import run_module
-from tests.jobs_helpers import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.support.bad_specs import BAD
+from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from train.protocol import DETERMINISTIC_EXIT, read_records
 
 pytestmark = pytest.mark.slurm
@@ -210,7 +210,7 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
     early (sbatch --signal), and a job of 2 min with USR1@90 once, under load, had no rank
     get it at all (the kit notes such a spec at submission); the shipped USR1@120 in 3 min
     once came to the requeued attempt's ranks before their handler (loaded CI): 4 min."""
-    script = ["program.script=tests/user_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
+    script = ["program.script=tests/support/user_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
     ckpt = tmp_path / "handled.pt"
     handled = f'program.args=["--ckpt", "{ckpt}", "--handle", "--step-s", "7"]'
     jobs = {

@@ -13,14 +13,14 @@ import pytest
 
 from cluster.poll import wait_until
 from tests.conftest import ROOT, free_port
-from tests.jobs_helpers import logs_json, submit, wait_for_line, wait_for_step
+from tests.support.jobs import logs_json, submit, wait_for_line, wait_for_step
 from train.protocol import latest_checkpoint_step, read_records
 
 pytestmark = pytest.mark.slow
 # A one-minute limit with the signal 52 s before it: the signal comes about 8 s in.
 SOON = ["time=00:01:00", "signal=USR1@52"]
 LOCAL = ["cluster=local", "nodes=1", "gpus_per_node=0", "tasks_per_node=2", "env.OMP_NUM_THREADS=1"]
-SCRIPT = "program.script=tests/user_script.py"
+SCRIPT = "program.script=tests/support/user_script.py"
 
 
 def test_the_built_in_trainer_checkpoints_at_the_signal_without_ckpt_every(tmp_path):

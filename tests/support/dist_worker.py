@@ -1,6 +1,6 @@
 """Runs on every rank under torchrun for the equivalence tests.
 
-``python -m tests.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--float64] key=value ...``:
+``python -m tests.support.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--float64] key=value ...``:
 trains with the kit's own setup and loop, then saves this rank's full parameters to
 ``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``).
 """

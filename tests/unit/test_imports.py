@@ -143,3 +143,26 @@ def test_a_broken_import_inside_a_function_is_found(tmp_path):
         "line 4: from cluster.submission import no_such_name",
         "line 5: import train.no_such_module",
     ]
+
+
+def imported_tops(path: Path) -> set[str]:
+    """The top-level names of everything ``path`` imports, anywhere in it."""
+    tops = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            tops.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            tops |= {a.name.split(".")[0] for a in node.names}
+    return tops
+
+
+def test_the_arrows_between_the_folders():
+    """train/ runs on a rank alone; cluster/ is the driver; bench/ and fixtures/ import no test;
+    only the tests of the benchmarks (tests/bench/) import bench/."""
+    forbidden = {"train": {"cluster", "bench", "fixtures", "tests"}, "cluster": {"bench", "fixtures", "tests"},
+                 "bench": {"tests"}, "fixtures": {"tests", "bench"}}  # fmt: skip
+    bad = [f"{p.relative_to(ROOT)} imports {sorted(imported_tops(p) & never)}"
+           for top, never in forbidden.items() for p in (ROOT / top).rglob("*.py") if imported_tops(p) & never]  # fmt: skip
+    bad += [str(p.relative_to(ROOT)) + " imports bench" for p in (ROOT / "tests").rglob("*.py")
+            if "bench" in imported_tops(p) and (ROOT / "tests" / "bench") not in p.parents]  # fmt: skip
+    assert bad == []

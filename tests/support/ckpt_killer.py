@@ -1,6 +1,6 @@
 """Saves checkpoint 10 normally, then dies (SIGKILL from the test) in the middle of saving 20.
 
-``python -m tests.ckpt_killer RUN_DIR``: the second save's DCP shards are written, then the
+``python -m tests.support.ckpt_killer RUN_DIR``: the second save's DCP shards are written, then the
 process announces "saving" and sleeps inside the save, where the test kills it.
 """
 

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import run_module
-from tests.jobs_helpers import cancel, job_running, kill_rank_and_wait_end, logs_json, submit
+from tests.support.jobs import cancel, job_running, kill_rank_and_wait_end, logs_json, submit
 
 pytestmark = pytest.mark.slow
 FAST = ["train.steps=40", "train.log_every=5", "train.eval_every=20", "tasks_per_node=3", "train.batch_size=63"]

@@ -1,6 +1,6 @@
 """Sharded and model-parallel strategies, with real processes (gloo on CPU), match one process.
 
-Same tolerance as the data-parallel proof (tests/test_data_parallel.py, ATOL = 1e-6): tensor
+Same tolerance as the data-parallel proof (tests/processes/test_data_parallel.py, ATOL = 1e-6): tensor
 parallelism splits each matmul's reduction into per-rank partial sums added by an all_reduce,
 FSDP reduce-scatters gradients, pipelines average micro-batch gradients: all are the same
 sums in another order, a few float32 ulps per step (measured below 1e-7 after 20 steps).

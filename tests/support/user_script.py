@@ -1,6 +1,6 @@
 """A user's script written for torchrun, without a line of the kit, for the time-limit
 signal and start-up tests:
-``torchrun ... tests/user_script.py --ckpt F [--handle] [--handle-after F] [--step-s S] [--stop-file F]
+``torchrun ... tests/support/user_script.py --ckpt F [--handle] [--handle-after F] [--step-s S] [--stop-file F]
 [--hang-rank R]``.
 
 With ``--hang-rank R``, rank R loops forever before its first step (like a data loader that
