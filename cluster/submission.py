@@ -66,7 +66,7 @@ def node_python(spec: JobSpec, plan: Plan) -> str:
     return "python" if in_image else sys.executable
 
 
-def submission(
+def make_submission(
     spec: JobSpec,
     plan: Plan,
     source: str = "",
@@ -91,8 +91,8 @@ def submission(
 
 def submit(spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False, function: Any = None) -> JobRef:
     backend = backends.get(spec.cluster)
-    return JobRef(backend.submit(submission(spec, plan, source, preflight_only, function=function)), backend)
+    return JobRef(backend.submit(make_submission(spec, plan, source, preflight_only, function=function)), backend)
 
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:
-    return backends.get(spec.cluster).dry_run(submission(spec, plan, source))
+    return backends.get(spec.cluster).dry_run(make_submission(spec, plan, source))

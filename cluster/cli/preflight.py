@@ -21,21 +21,21 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
-    done = submit(spec, plan, source=args.job, preflight_only=True)
-    print(f"preflight job {done.job_id}: {plan.world_size} rank(s); logs: {done.job_dir}", flush=True)
+    job = submit(spec, plan, source=args.job, preflight_only=True)
+    print(f"preflight job {job.job_id}: {plan.world_size} rank(s); logs: {job.job_dir}", flush=True)
     try:
-        wait_until(done.done_saying_why_pending(say), args.timeout, f"preflight job {done.job_id} to end", 1.0)
+        wait_until(job.done_saying_why_pending(say), args.timeout, f"preflight job {job.job_id} to end", 1.0)
     except (WaitTimeout, NeverStarts) as exc:
-        print(f"preflight FAILED: {exc}; cancelling job {done.job_id}")
-        done.backend.cancel(done.job_dir, 10.0, say)
+        print(f"preflight FAILED: {exc}; cancelling job {job.job_id}")
+        job.backend.cancel(job.job_dir, 10.0, say)
         return 1
-    rank0 = done.job_dir.preflight_log(0)
+    rank0 = job.job_dir.preflight_log(0)
     text = rank0.read_text() if rank0.exists() else ""
     print(text, end="")
     for rank in never_joined(text):
         slot = plan.ranks[rank]
         print(f"  rank {rank} -> node {slot.node} ({slot.host}), local rank {slot.local_rank}")
     if "preflight OK" not in text:
-        print(f"preflight FAILED (see {done.job_dir}/preflight_*.log)")
+        print(f"preflight FAILED (see {job.job_dir}/preflight_*.log)")
         return 1
     return 0

@@ -28,7 +28,7 @@ from cluster import backends, processes
 from cluster.backends.base import Arrays
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
-from cluster.submission import function_spec, load_spec, submission
+from cluster.submission import function_spec, load_spec, make_submission
 from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from train.config import ConfigError, parse_override
 
@@ -116,7 +116,7 @@ def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: i
 def submissions(job: str, overrides: list[list[str]], backend) -> list:
     """Each point's submission, its batch script rendered as an array's task."""
     quiet = lambda text: None  # noqa: E731 - every point was validated, and its notes said, before
-    return [submission(*load_spec(job, o, quiet), source=job, job_id=backend.array_task_id) for o in overrides]
+    return [make_submission(*load_spec(job, o, quiet), source=job, job_id=backend.array_task_id) for o in overrides]
 
 
 def parallel_limit(spec, points: int, max_parallel: int | None) -> int:

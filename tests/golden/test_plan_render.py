@@ -211,7 +211,7 @@ def test_the_backend_is_chosen_once_and_its_traits_travel_with_the_plan(monkeypa
     registry again. Backend is abstract, arrays a capability some backends have."""
     import cluster.backends as registry
     from cluster.backends.base import Arrays, Backend
-    from cluster.submission import load_spec, submission
+    from cluster.submission import load_spec, make_submission
 
     spec, plan = load_spec(ROOT / "jobs/multi_node.yaml", ["restarts=1"])
     assert plan.backend == registry.get("slurm").traits and plan.backend.restarts
@@ -219,6 +219,6 @@ def test_the_backend_is_chosen_once_and_its_traits_travel_with_the_plan(monkeypa
     assert arrays == [True, False, False, False]
     asked = []
     monkeypatch.setattr(registry, "get", lambda name: asked.append(name))
-    assert "cluster.backends.slurm.attempts" in submission(spec, plan).script and asked == []
+    assert "cluster.backends.slurm.attempts" in make_submission(spec, plan).script and asked == []
     with pytest.raises(TypeError, match="abstract"):
         type("Half", (Backend,), {"name": "half"})()

@@ -12,7 +12,7 @@ from train.protocol import read_records, record_name
 @pytest.mark.parametrize(
     "strategy, nprocs",
     # 4-rank DDP: bucket layout must not change at resume (ddp.settle_buckets); pipeline:
-    # stages' optimizer groups must not be deduplicated (checkpoint._options). Both broke once.
+    # stages' optimizer groups must not be deduplicated (checkpoint._options): either breaks resume.
     # zero1: each rank's momentum shard is saved beside DCP's files.
     [("ddp", 4), ("fsdp", 2), ("tp", 2), ("pipeline", 4), ("zero1", 2)],
 )

@@ -377,8 +377,8 @@ def final_params(ckpt) -> dict:
 
 def wait_requeued(job_id: str) -> None:
     """Wait until SLURM has requeued the job (its Restarts count went up). PENDING alone is no
-    sign: SLURM may start a requeued job on free nodes at once, between two polls (CI job 396
-    went from n1,n2 to n2,n3 within the second).
+    sign: SLURM may start a requeued job on free nodes at once, between two polls (a job has
+    gone from n1,n2 to n2,n3 within the second).
 
     A requeued job that waits (about two minutes) is started now, or rather 2 s after the last
     step of its previous attempt has ended on every node (all the minicluster's nodes are this

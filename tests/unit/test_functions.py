@@ -14,7 +14,7 @@ import cluster
 from cluster.api import override_texts
 from cluster.backends.slurm.functions import parameters
 from cluster.jobdir import FUNCTION_PICKLE
-from cluster.submission import function_spec, submission
+from cluster.submission import function_spec, make_submission
 from fixtures.synthetic import make_job
 
 TWO_BY_TWO = {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2, "mem": "8G", "time": "00:10:00"}
@@ -25,7 +25,7 @@ def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tm
                                "account": "lab", "qos": "high", "constraint": "a100", "exclusive": True,
                                "setup": ["module load cuda"], "env": {"NCCL_DEBUG": "WARN"}}))  # fmt: skip
     assert spec.cluster == "submitit" and spec.program.kind == "submitit" and not spec.program.require_progress
-    job = submission(spec, plan)
+    job = make_submission(spec, plan)
     found = parameters(job)
     assert {k: found[k] for k in ("job_name", "nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_task", "mem",
                                   "partition", "account", "qos", "constraint", "exclusive", "time")} == {
@@ -58,7 +58,7 @@ def test_a_functions_job_has_submitits_signal_where_the_spec_has_none_and_runs_w
 def test_a_function_that_restarts_inside_its_allocation_runs_in_the_kits_own_script(tmp_path):
     spec, plan = function_spec("jobs/multi_node.yaml", ["restarts=2", "spare_nodes=1", f"log_dir={tmp_path}"])
     assert spec.cluster == "slurm"  # submitit's script has no attempts loop
-    job = submission(spec, plan, function=DelayedSubmission(print, 1))
+    job = make_submission(spec, plan, function=DelayedSubmission(print, 1))
     assert "--submitit=$JOB_DIR/submitit" in job.script and "cluster.backends.slurm.attempts" in job.script
     assert pickle.loads(job.files[FUNCTION_PICKLE]).args == (1,)  # written by the kit after sbatch
 

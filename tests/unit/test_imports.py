@@ -1,7 +1,6 @@
 """The kit's imports: every ``import``/``from ... import`` of its own modules resolves, at
-module level and inside functions (imported on use, so a broken one hides until its path runs:
-the GPU benchmark, then ``cluster/report.py``, imported a function an earlier commit had
-removed, and only a machine with CUDA would have found out); no two modules import each other,
+module level and inside functions (imported on use, a broken one hides until its path runs: a
+GPU-only path's until a machine with CUDA runs it); no two modules import each other,
 however far round; and an import inside a function says why it waits (start-up time), never
 to hide a cycle."""
 
