@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from cluster import stacks
 from cluster.logs.kills import SchedulerKills
@@ -31,18 +32,20 @@ NO_PROGRESS = (
 LastStack = Callable[[RankReport], "Stack | None"]  # a rank's last stack in its log
 
 
-def rank_state(
-    ev: RankEvidence,
-    running: bool,
-    now: float,
-    silent_after_s: float,
-    require_progress: bool,
-    killed_by: SchedulerKills,
-    no_log: Callable[[], tuple[str, str]],
-) -> RankReport:
-    """A rank's state, error and times from its evidence. ``running``: whether the job still
-    runs; ``killed_by``: what the scheduler says ended ranks; ``no_log``: (error, file) for a
-    rank that left neither a log nor a record (what the scheduler wrote)."""
+@dataclass(frozen=True)
+class Judging:
+    """What the rules know of the whole job when they judge one rank."""
+
+    running: bool  # the job still runs
+    now: float
+    silent_after_s: float  # a running rank quiet this long is silent
+    require_progress: bool  # exit 0 without an optimizer step is a failure (program.require_progress)
+    killed_by: SchedulerKills  # what the scheduler says ended ranks
+    no_log: Callable[[], tuple[str, str]]  # (error, file) for a rank that left no log and no record
+
+
+def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
+    """A rank's state, error and times from its evidence."""
     scan = ev.scan
     rep = RankReport(rank=ev.rank, node=ev.node, host=ev.host, gpu=ev.gpu, pid=ev.pid, last_step=ev.last_step,
                      last_loss=ev.last_loss, last_time=ev.latest, last_progress=ev.progress)  # fmt: skip
@@ -55,7 +58,7 @@ def rank_state(
     rep.error, rep.error_time, rep.frames = scan.get("error"), scan.get("error_time"), scan.get("frames", [])
     rep.exit_crash = scan.get("exit_crash")
     end = ev.end
-    if ev.final and end is not None and end.get("steps") == 0 and require_progress:
+    if ev.final and end is not None and end.get("steps") == 0 and job.require_progress:
         rep.state = "no_progress"
         rep.error = NO_PROGRESS
         rep.error_time = rep.last_time
@@ -75,18 +78,18 @@ def rank_state(
             else f"start-up limit: no first optimizer step in time ({scan['stalled']})"
         )
         rep.error_time = ev.progress if ev.trained else rep.last_time  # it stalled after its last step
-    elif running and rep.last_time and now - rep.last_time > silent_after_s:
+    elif job.running and rep.last_time and job.now - rep.last_time > job.silent_after_s:
         rep.state = "silent"
         rep.frames = scan.get("dump_frames", [])
-    elif running:
+    elif job.running:
         rep.state = "running"
     else:
         rep.state = "killed"
         if not ev.logs and rep.last_time is None:  # cancelled while pending, or died starting up
-            rep.error, rep.log = no_log()
+            rep.error, rep.log = job.no_log()
         else:
             rep.error = (
-                killed_by.of(ev.rank, ev.node_name, len(ev.logs) - 1)
+                job.killed_by.of(ev.rank, ev.node_name, len(ev.logs) - 1)
                 or scan.get("signal")
                 or "ended without an error message (killed by a signal?)"
             )

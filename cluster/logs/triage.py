@@ -19,7 +19,7 @@ from cluster.logs.kills import SchedulerKills, scheduler_kill
 from cluster.logs.parallel import collector_paused, forked_map
 from cluster.logs.reader import read_rank
 from cluster.logs.report import RankReport, Report
-from cluster.logs.rules import find_hang, find_stragglers, rank_state, triage
+from cluster.logs.rules import Judging, find_hang, find_stragglers, rank_state, triage
 from cluster.logs.scan import scan_log
 from cluster.stacks import Stack
 
@@ -56,9 +56,9 @@ def inspect(
     program = (plan or {}).get("program") or {}
     require_progress = bool(program.get("require_progress"))
     killed_by = SchedulerKills() if running else scheduler_kill(job_dir, plan, names)
-    judged = functools.partial(
-        rank_reports, job_dir, names, bool(running), now, silent_after_s, require_progress, killed_by, step_times
-    )
+    judging = Judging(bool(running), now, silent_after_s, require_progress, killed_by,
+                      functools.partial(scheduler_says, job_dir))  # fmt: skip
+    judged = functools.partial(rank_reports, job_dir, names, judging, step_times)
     workers = max(1, min(os.cpu_count() or 1, world // PARALLEL_FROM))
     chunks = [ranks[i * world // workers : (i + 1) * world // workers] for i in range(workers)]
     with collector_paused():
@@ -93,23 +93,14 @@ def from_rows(part: tuple[list[tuple], dict]) -> tuple[list[RankReport], dict]:
 
 
 def rank_reports(
-    job_dir: JobDir,
-    names: set[str],
-    running: bool,
-    now: float,
-    silent_after_s: float,
-    require_progress: bool,
-    killed_by: SchedulerKills,
-    keep_step_times: bool,
-    ranks: list[tuple[int, dict]],
+    job_dir: JobDir, names: set[str], judging: Judging, keep_step_times: bool, ranks: list[tuple[int, dict]]
 ) -> tuple[list[RankReport], dict[int, list[tuple[int, float, float]]]]:
     """One worker's share of ``inspect``: each rank read and judged, and where asked each
     rank's step times."""
     reports, times = [], {}
-    no_log = functools.partial(scheduler_says, job_dir)
     for rank, slot in ranks:
         evidence = read_rank(job_dir, names, rank, slot, keep_step_times)
-        reports.append(rank_state(evidence, running, now, silent_after_s, require_progress, killed_by, no_log))
+        reports.append(rank_state(evidence, judging))
         if keep_step_times:
             times[rank] = evidence.step_times
     return reports, times

@@ -387,13 +387,13 @@ def test_the_rules_judge_made_up_evidence_without_a_file():
     through a function, here a dict."""
     from cluster.logs.kills import SchedulerKills
     from cluster.logs.reader import RankEvidence
-    from cluster.logs.rules import find_hang, rank_state, triage
+    from cluster.logs.rules import Judging, find_hang, rank_state, triage
     from cluster.stacks import Frame, Stack
 
     def judged(**fields):
         scan = {"last_time": 100.0, "stalled": None, "signal": None, "mtime": 130.0, **fields.pop("scan", {})}
         evidence = RankEvidence(rank=fields.pop("rank", 0), logs=["r.log"], scan=scan, **fields)
-        return rank_state(evidence, False, 200.0, 300.0, True, SchedulerKills(), lambda: ("no log", ""))
+        return rank_state(evidence, Judging(False, 200.0, 300.0, True, SchedulerKills(), lambda: ("no log", "")))
 
     stalled = judged(trained=True, progress=90.0, last_step=10, scan={"stalled": "Timeout (0:00:25)!"})
     assert (stalled.state, stalled.error_time, stalled.last_step) == ("stalled", 90.0, 10)
