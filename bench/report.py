@@ -1,7 +1,7 @@
 """``make bench`` / ``python -m bench.report``: every benchmark of the kit in one run, written
 to docs/benchmarks.md with PNG plots.
 
-Within each table, contenders run interleaved in the same run (``train.bench``) so noise
+Within each table, contenders run interleaved in the same run (``bench.strategies``) so noise
 hits them alike; only ratios inside a table are meant to be compared. On a GPU machine the
 same command adds MFU for ``jobs/bench_gpu.yaml``.
 """
@@ -24,16 +24,18 @@ import matplotlib.pyplot as plt
 import torch
 
 from bench import restart_bench
+from bench.runs import run_ranks
+from bench.scaling.plot import plot as plot_scaling
+from bench.scaling.report import markdown as scaling_markdown
+from bench.scaling.study import FULL, save, study
+from bench.strategies import format_averaging
 from cluster import minicluster
 from cluster.plan import make_plan
 from cluster.spec import JobSpec
-from tests.support.synthetic import make_job, make_sweep
-from train import scaling
-from train.bench import format_averaging
+from fixtures.synthetic import make_job, make_sweep
 from train.config import as_overrides, load
 from train.model import flops_per_sample
 from train.protocol import read_records
-from train.runs import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -63,7 +65,7 @@ def say(msg: str) -> None:
 
 
 def bench_json(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "train.bench", "--json", *args]
+    cmd = [sys.executable, "-m", "bench.strategies", "--json", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -206,10 +208,10 @@ def restart_costs(rounds: int) -> dict | None:
 
 
 def scaling_study() -> dict:
-    """The scaling grid (train/scaling.py); its fit is saved where ``--predict`` looks."""
+    """The scaling grid (bench/scaling/); its fit is saved where ``--predict`` looks."""
     say("scaling study: model size x data size x ranks")
-    result = scaling.study(scaling.FULL, [1, 2], progress=say)
-    scaling.save(result, ROOT / "runs" / "scaling")
+    result = study(FULL, [1, 2], progress=say)
+    save(result, ROOT / "runs" / "scaling")
     return result
 
 
@@ -404,9 +406,9 @@ def render_markdown(r: dict) -> str:
     sc = r.get("scaling")
     lines.append("")
     if sc and "error" not in sc:
-        lines += scaling.markdown(sc, "scaling.png")
+        lines += scaling_markdown(sc, "scaling.png")
     else:
-        why = sc["error"] if sc else "not run by --quick; `python -m train.bench scaling --quick` is its smoke form"
+        why = sc["error"] if sc else "not run by --quick; `python -m bench.scaling --quick` is its smoke form"
         lines += ["## Scaling study", "", f"Not in this report: {why}.", ""]
     lines += averaging_markdown(r.get("averaging"))
     lines += [
@@ -423,7 +425,7 @@ def averaging_markdown(a: dict | None) -> list[str]:
         return lines + [f"Not in this report: {a['error'] if a else 'not run'}.", ""]
     by = {x["strategy"]: x for x in a["runs"]}
     one, ddp = by.get("single"), by.get("ddp")
-    lines += [f"`python -m train.bench --strategies {','.join(by)} --nprocs 2 --steps {a['steps']}`: every contender "
+    lines += [f"`python -m bench.strategies --strategies {','.join(by)} --nprocs 2 --steps {a['steps']}`: every contender "
               f"trains the same {a['steps']} steps of the same global batch, so the test accuracy is after the same "
               "samples. samples/s is each contender's median over the rounds; the ratios are the medians of the "
               "per-round ratios (every round runs each contender back to back, so a slow moment of the machine "
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     plots(result["strategies"], result["collectives"], out.parent)
     if result["scaling"] and "error" not in result["scaling"]:
-        scaling.plot(result["scaling"], out.parent / "scaling.png")
+        plot_scaling(result["scaling"], out.parent / "scaling.png")
     out.write_text(render_markdown(result))
     (out.parent / "benchmarks.json").write_text(json.dumps(result, indent=1))
     say(f"wrote {out} and plots")

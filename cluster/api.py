@@ -23,15 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster import goodput
-from cluster import sweeps as sweep_module
-from cluster.attempt_history import restarts_used, summary
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State
+from cluster.backends.slurm.attempt_history import restarts_used, summary
 from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
+from cluster.goodput.ledger import format_line, ledger_of
 from cluster.jobdir import JobDir
-from cluster.logs.sweep_table import sweep_table
-from cluster.logs.triage import Report, inspect
+from cluster.logs.report import Report
+from cluster.logs.triage import inspect
 from cluster.plan import Plan
 from cluster.poll import wait_until
 from cluster.snapshot import snapshot
@@ -39,7 +38,11 @@ from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, say_stderr
 from cluster.submission import submit as submit_loaded
-from cluster.sweep_dir import SWEEP, Sweep, unfinished
+from cluster.sweeps.directory import SWEEP, Sweep, unfinished
+from cluster.sweeps.grid import create as create_sweep
+from cluster.sweeps.grid import launch as launch_points
+from cluster.sweeps.grid import sweep_points
+from cluster.sweeps.table import sweep_table
 from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT
 
@@ -159,7 +162,7 @@ class Job:
 
     def status(self) -> dict:
         """What ``cluster status --json`` prints: state, reason, restarts used and left, and the
-        goodput so far (``cluster.goodput``)."""
+        goodput so far (``cluster.goodput.ledger``)."""
         state = self.state()
         name, reason = state.name, state.reason
         if name is None:  # SLURM forgets a job MinJobAge after its end (300 s by default)
@@ -173,8 +176,8 @@ class Job:
         if allowed:
             used = restarts_used(summary(self.ref.job_dir))
             status["restarts"] = {"allowed": allowed, "used": used, "left": allowed - used}
-        if (ledger := goodput.ledger_of(self.ref.job_dir, running=state.live)) is not None:  # so far
-            status["goodput"] = {"ettr": ledger.to_json()["ettr"], "line": goodput.format_line(ledger)}
+        if (ledger := ledger_of(self.ref.job_dir, running=state.live)) is not None:  # so far
+            status["goodput"] = {"ettr": ledger.to_json()["ettr"], "line": format_line(ledger)}
         return status
 
     def wait(self, timeout: float | None = None, say: Say = say_stderr, interval: float = 1.0) -> Report:
@@ -202,7 +205,7 @@ class Job:
     def goodput(self) -> dict | None:
         """Where the job's time went so far: ``cluster logs --goodput --json``'s ``goodput``
         (None before rank 0 wrote a record)."""
-        ledger = goodput.ledger_of(self.ref.job_dir, running=self.state().live)
+        ledger = ledger_of(self.ref.job_dir, running=self.state().live)
         return ledger and ledger.to_json()
 
     def results(self, timeout: float | None = None, say: Say = say_stderr) -> list:
@@ -268,7 +271,7 @@ def sweep(
     axes = [(key, [value_text(v) for v in swept]) for key, swept in (grid or {}).items()]
     listed = None if points is None else [override_texts(values=p) for p in points]
     if not callable(job):
-        fixed, point_texts = sweep_module.sweep_points(override_texts(overrides, values), axes, listed)
+        fixed, point_texts = sweep_points(override_texts(overrides, values), axes, listed)
         return start_sweep(str(job), fixed, point_texts, max_parallel, say)
     import cloudpickle  # lazy, as submit's: only a function's sweep needs them
     from submitit.helpers import DelayedSubmission
@@ -276,7 +279,7 @@ def sweep(
     if isinstance(spec, JobSpec):
         raise ConfigError("spec", "a function's sweep takes a spec file, or none (JobSpec()'s defaults)")
     given, values = split_keywords(job, values)
-    fixed, point_texts = sweep_module.sweep_points(override_texts(values=values), axes, listed)
+    fixed, point_texts = sweep_points(override_texts(values=values), axes, listed)
     keys = {text.partition("=")[0] for point in point_texts for text in point}
     arguments = sorted(keys & set(parameters(job)))
     check_keywords(job, [*values, *sorted(keys - set(arguments))])
@@ -296,8 +299,8 @@ def start_sweep(
     function: bytes | None = None,
     arguments: list[str] = (),
 ) -> SweepJob:
-    created = sweep_module.create(job, fixed, points, max_parallel, say, function, arguments)
-    sweep_module.launch(created, list(range(len(points))), max_parallel, say)
+    created = create_sweep(job, fixed, points, max_parallel, say, function, arguments)
+    launch_points(created, list(range(len(points))), max_parallel, say)
     return SweepJob(created)
 
 
@@ -346,5 +349,5 @@ class SweepJob:
         """Run again the points that did not complete (and are not running); their indices."""
         todo = unfinished(self.table()["points"])
         if todo:
-            sweep_module.launch(self.sweep, todo, max_parallel, say)
+            launch_points(self.sweep, todo, max_parallel, say)
         return todo

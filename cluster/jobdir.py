@@ -25,6 +25,7 @@ per-task logs with srun's patterns below; everything else asks a ``JobDir``.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -49,6 +50,21 @@ from train.protocol import (
     result_pickle_name,
     submitted_pickle_name,
 )
+
+
+class PlainData(pickle.Unpickler):
+    """Admits plain data alone (dicts, lists, tuples, strings, bytes, numbers, None): a job
+    directory is data to its readers, and a pickle that names a class or a function (which
+    loading would import, and may call) is refused, so that inspecting a colleague's job
+    cannot run what a rank wrote there."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name}: not plain data (a reader of a job directory loads no code)")
+
+
+def load_plain(data: bytes):
+    return PlainData(io.BytesIO(data)).load()
+
 
 PLAN = "plan.json"
 LAUNCH = "launch.json"  # cluster=local, docker: the steps the local launcher runs
@@ -196,11 +212,20 @@ class JobDir:
         """What rank ``rank`` of a function's job returned or raised (submitit's result pickle)."""
         return self.functions / result_pickle_name(self.job_id, rank)
 
-    def function_outcome(self, rank: int) -> tuple[str, object]:
+    def function_outcome(self, rank: int, plain: bool = False) -> tuple[str, object]:
         """A function's job: what rank ``rank`` wrote, as submitit writes it: ("success",
-        value) or ("error", traceback); ("missing", None) where it wrote nothing."""
+        value) or ("error", traceback); ("missing", None) where it wrote nothing. ``plain``:
+        as a reader loads it (``load_plain``), ("unreadable", None) for more than plain data;
+        only the job's owner asking for its result (``cluster.Job.result``) loads anything."""
         path = self.function_result(rank)
-        return pickle.loads(path.read_bytes()) if path.exists() else ("missing", None)
+        if not path.exists():
+            return "missing", None
+        if not plain:
+            return pickle.loads(path.read_bytes())
+        try:
+            return load_plain(path.read_bytes())
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError):
+            return "unreadable", None
 
     @property
     def checkpoints(self) -> Path:

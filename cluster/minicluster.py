@@ -2,7 +2,7 @@
 
 ``python -m cluster.minicluster start|stop|status`` (``make minicluster``). Idempotent:
 ``start`` on a running cluster only checks it. Needs root; installs Debian's slurm-wlm and
-munge when they are missing. Follows the verified recipe (shared/notes/slurm-minicluster.md):
+munge when they are missing. A recipe verified on these machines:
 the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_DEVICES per
 task exactly as it does on a GPU cluster. On a machine with real GPUs those numbers name
 real ones (task 0 of every node sees GPU 0, ...): its nodes' ranks would share GPUs, or where

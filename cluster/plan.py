@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from cluster import backends
+from cluster.backends.base import Traits
 from cluster.spec import JobSpec
 from train.config import ConfigError, check_batch_split
 from train.parallel.mesh import PER_RANK_STATE, ParallelDims, resolve_dims
@@ -42,6 +43,8 @@ class Plan:
     master_addr: str = "first host of the allocation (SLURM_JOB_NODELIST)"
     master_port: str = PORT_RULE
     program: str = ""  # the user's program, described; "" for the built-in trainer
+    # What the request needs of the backend, chosen once here (not in to_json: plan.json names it)
+    backend: Traits = Traits()
 
     def to_json(self) -> dict:
         return {
@@ -137,7 +140,9 @@ def make_plan(spec: JobSpec) -> Plan:
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
     local = {"master_addr": backend.master_addr()} if backend.master_addr() else {}
     program = f"{spec.program.kind} {spec.program.target}, launcher {spec.program.launcher}" if spec.program else ""
-    return Plan(world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, **local)
+    return Plan(
+        world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, backend=backend.traits, **local
+    )
 
 
 def fewer_nodes(spec: JobSpec) -> tuple[list[int], str]:

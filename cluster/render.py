@@ -79,7 +79,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
         commands.append(" \\\n  ".join([*(shell_word(w) for w in srun), " ".join(shell_word(w) for w in step.command)]))
     if request.restarts:
         # Each attempt runs every step on its own nodes: the preflight of a restart checks the
-        # spare, and a rank that never joins names its node (cluster.attempts leaves it out).
+        # spare, and a rank that never joins names its node (cluster.backends.slurm.attempts leaves it out).
         lines += ["", *comments, *attempts_loop(plan, request, " && \\\n".join(commands))]
     else:
         for comment, command in zip(comments, commands):
@@ -102,7 +102,7 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
     nodes = f"{spec.min_nodes} to {spec.nodes}" if fewer else spec.nodes
     lines = [
         f"# Restarts (up to {request.restarts}{spares}): each attempt runs on {nodes} node(s) of the",
-        "# allocation that the kit has not excluded. After a failure, cluster.attempts triages it",
+        "# allocation that the kit has not excluded. After a failure, cluster.backends.slurm.attempts triages it",
         f"# (the first failure's rank and node), records it in $JOB_DIR/{ATTEMPTS} and prints the next",
         f"# attempt's number, node count and nodes; or it ends the job (exit {DETERMINISTIC_EXIT}: a deterministic failure).",
         f'NEXT="$({helper} start "$JOB_DIR")"',
@@ -121,7 +121,7 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
 
 
 def read_attempt(plan: Plan) -> list[str]:
-    """The attempt cluster.attempts printed: its number, node count and nodes; its ranks."""
+    """The attempt cluster.backends.slurm.attempts printed: its number, node count and nodes; its ranks."""
     return [
         'read -r ATTEMPT ATTEMPT_NNODES ATTEMPT_NODES <<<"$NEXT"',
         f"ATTEMPT_NTASKS=$((ATTEMPT_NNODES * {plan.tasks_per_node}))",

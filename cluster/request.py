@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import yaml
 
-from cluster import backends
+from cluster.backends.base import Traits
 from cluster.jobdir import PLAN, SCRIPT, SPEC, TRAIN_CONFIG, batch_output
 from cluster.plan import Plan, gpu_binding, plan_record
 from cluster.spec import JobSpec
@@ -30,7 +30,7 @@ from train.protocol import parse_time_limit_signal
 
 PREFLIGHT_JOIN_TIMEOUT_S = 120.0  # how long preflight's rank 0 waits for every rank (spec.stall_timeout_s if set)
 # spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
-# gets from cluster.attempts (fewer than planned once min_nodes let the job go on without one)
+# gets from cluster.backends.slurm.attempts (fewer than planned once min_nodes let the job go on without one)
 ATTEMPT_NODES, ATTEMPT_NNODES, ATTEMPT_NTASKS = "$ATTEMPT_NODES", "$ATTEMPT_NNODES", "$ATTEMPT_NTASKS"
 
 
@@ -53,7 +53,9 @@ class Request:
     steps: tuple[Step, ...]
     launcher: str  # per_task or torchrun
     restarts: int = 0  # spec.restarts: the train step runs in a loop of attempts
-    attempts: tuple[str, ...] = ()  # with restarts: the command that starts and ends attempts (cluster.attempts)
+    attempts: tuple[
+        str, ...
+    ] = ()  # with restarts: the command that starts and ends attempts (cluster.backends.slurm.attempts)
     # What a launcher other than SLURM needs besides the steps: the job's name, its time limit,
     # the ranks' time-limit signal and how long before the limit it comes, and the image
     # (with its mounts and GPUs per node) that cluster=docker runs every node in.
@@ -110,16 +112,16 @@ def srun_options(spec: JobSpec) -> list[str]:
     return opts
 
 
-def in_container(spec: JobSpec, cmd: list[str]) -> list[str]:
+def in_container(spec: JobSpec, backend: Traits, cmd: list[str]) -> list[str]:
     c = spec.container
-    if c.runtime == "apptainer" and not backends.get(spec.cluster).in_image:  # docker's tasks already do
+    if c.runtime == "apptainer" and not backend.in_image:  # docker's tasks already do
         binds = [f"--bind={m}" for m in c.mounts]
         pwd = [f"--pwd={c.workdir}"] if c.workdir else []
         return ["apptainer", "exec", "--nv", *binds, *pwd, c.image, *cmd]
     return cmd
 
 
-def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
+def rank_program(spec: JobSpec, backend: Traits, python: str, rank_log: bool) -> list[str]:
     """What one rank runs: the built-in trainer, or the shim around the user's program.
     ``rank_log``: the rank writes its own log (torchrun's workers share the agent's output)."""
     if spec.program is None:
@@ -136,7 +138,7 @@ def rank_program(spec: JobSpec, python: str, rank_log: bool) -> list[str]:
         shim.append(f"--startup-timeout-s={spec.startup_timeout_s:g}")
     if spec.rank_signal:
         shim.append(f"--time-limit-signal={spec.rank_signal}")
-        if p.kind == "submitit" and spec.requeue and backends.get(spec.cluster).requeues:
+        if p.kind == "submitit" and spec.requeue and backend.requeues:
             shim.append("--requeue-on-signal")  # submitit's protocol: checkpoint and requeue
     shim.append(f"--{p.kind}={p.target}")
     if p.kind == "function":
@@ -171,18 +173,24 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
     if spec.preflight or preflight_only:
         join = f"--join-timeout-s={spec.stall_timeout_s or PREFLIGHT_JOIN_TIMEOUT_S:g}"
-        check = in_container(spec, [python, "-P", "-m", "train.preflight", "--timestamps", join])
+        check = in_container(spec, plan.backend, [python, "-P", "-m", "train.preflight", "--timestamps", join])
         steps.append(Step("preflight", plan.tasks_per_node, per_rank, "preflight", tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":
-            agent = torchrun(plan, python, rank_program(spec, python, rank_log=True), nodes, spec.rank_signal)
+            agent = torchrun(
+                plan, python, rank_program(spec, plan.backend, python, rank_log=True), nodes, spec.rank_signal
+            )
             srun = (*on_nodes, f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
-            steps.append(Step("train", 1, srun, "node", tuple(in_container(spec, agent)), per_rank=False))
+            steps.append(Step("train", 1, srun, "node", tuple(in_container(spec, plan.backend, agent)), per_rank=False))
         else:
-            own_log = backends.get(spec.cluster).shim_opens_rank_logs
-            command = in_container(spec, rank_program(spec, python, rank_log=own_log))
+            own_log = plan.backend.shim_opens_rank_logs
+            command = in_container(spec, plan.backend, rank_program(spec, plan.backend, python, rank_log=own_log))
             steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", tuple(command)))
-    attempts = in_container(spec, [python, "-P", "-m", "cluster.attempts"]) if spec.restarts else []
+    attempts = (
+        in_container(spec, plan.backend, [python, "-P", "-m", "cluster.backends.slurm.attempts"])
+        if spec.restarts
+        else []
+    )
     return Request(
         sbatch=tuple(sbatch_options(spec, plan)),
         srun=tuple(srun_options(spec)),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cluster import backends
+from cluster.backends.base import Traits
 from cluster.jobdir import FUNCTION_DIR
 from train.config import (
     TRAIN_SECTIONS,
@@ -380,12 +381,12 @@ def check_program_sections(file_tree: dict, overrides: list[dict], source: str, 
         )
 
 
-def early_signal_note(spec: JobSpec) -> str:
+def early_signal_note(spec: JobSpec, backend: Traits) -> str:
     """A note when the scheduler may send the ranks' time-limit signal as the job starts: a
     job no longer than the signal's lead plus the scheduler's slack (SLURM: 60 s) can get it
     before srun has started the ranks, and then no rank ever does (seen: ``time: 2`` with
     ``USR1@90``)."""
-    early = backends.get(spec.cluster).signal_early_s
+    early = backend.signal_early_s
     if not spec.rank_signal or not early:
         return ""
     lead = parse_time_limit_signal(spec.signal)[1]

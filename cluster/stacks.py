@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.jobdir import load_plain
 from train.protocol import FLIGHT_RECORDER_PREFIX, STALL_HEADER, STAMPED_BYTES, strip_stamp
 
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
@@ -292,8 +293,8 @@ def flight_recorder(files: list[Path]) -> dict | None:
     for path in files:
         try:
             rank = int(path.name[len(FLIGHT_RECORDER_PREFIX) :])
-            entries = pickle.loads(path.read_bytes()).get("entries", [])
-        except (ValueError, OSError, pickle.UnpicklingError, EOFError, AttributeError):
+            entries = load_plain(path.read_bytes()).get("entries", [])  # data, never code
+        except (ValueError, OSError, pickle.UnpicklingError, EOFError, AttributeError, TypeError):
             continue
         last[rank] = max((int(e.get("collective_seq_id", 0)) for e in entries), default=0)
     if not last:

@@ -36,10 +36,11 @@ def load_spec(
         spec = load(JobSpec, job, overrides)
         separate = [apply_overrides({}, [text]) for text in overrides]
         check_program_sections(read_yaml(job), separate, str(job), say)
-    for note in (unhandled_signal_note(spec), early_signal_note(spec)):
+    plan = make_plan(spec)
+    for note in (unhandled_signal_note(spec), early_signal_note(spec, plan.backend)):
         if note:
             say(note)
-    return spec, make_plan(spec)
+    return spec, plan
 
 
 def function_spec(spec: str | Path | JobSpec | None, overrides: list[str] = ()) -> tuple[JobSpec, Plan]:
@@ -57,15 +58,15 @@ def function_spec(spec: str | Path | JobSpec | None, overrides: list[str] = ()) 
     return built, make_plan(built)
 
 
-def node_python(spec: JobSpec) -> str:
+def node_python(spec: JobSpec, plan: Plan) -> str:
     """The interpreter the nodes run: the spec's, the image's ``python``, or this one."""
     if spec.python:
         return spec.python
-    in_image = spec.container.runtime != "none" or backends.get(spec.cluster).in_image
+    in_image = spec.container.runtime != "none" or plan.backend.in_image
     return "python" if in_image else sys.executable
 
 
-def submission(
+def make_submission(
     spec: JobSpec,
     plan: Plan,
     source: str = "",
@@ -77,7 +78,7 @@ def submission(
     ``job_id``: how the script names its job (an array's task), where not SLURM's job id.
     ``function``: a Python function's job, submitit's ``DelayedSubmission`` of it (pickled
     into the job directory, where submitit does not do it itself)."""
-    python = node_python(spec)
+    python = node_python(spec, plan)
     request = make_request(spec, plan, python, preflight_only)
     script = render(spec, plan, request, source, *([job_id] if job_id else []))
     files: dict[str, str | bytes] = dict(job_files(spec, plan, script))
@@ -90,8 +91,8 @@ def submission(
 
 def submit(spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False, function: Any = None) -> JobRef:
     backend = backends.get(spec.cluster)
-    return JobRef(backend.submit(submission(spec, plan, source, preflight_only, function=function)), backend)
+    return JobRef(backend.submit(make_submission(spec, plan, source, preflight_only, function=function)), backend)
 
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:
-    return backends.get(spec.cluster).dry_run(submission(spec, plan, source))
+    return backends.get(spec.cluster).dry_run(make_submission(spec, plan, source))

@@ -136,7 +136,7 @@ def pytest_sessionstart(session):
 
 def docker_objects(under: Path) -> list:
     """The containers and networks of cluster=docker jobs whose job directory is under ``under``."""
-    from cluster.containers import LABEL
+    from cluster.launcher.containers import LABEL
 
     client = docker_engine()
     if client is None:

@@ -32,7 +32,7 @@ else
   echo "provision: SLURM minicluster not started (needs root and slurm-wlm): its tier will skip" >&2
 fi
 # The Docker Engine, started as the verified recipe does where no systemd runs it
-# (shared/notes/container-build.md); left running, like the minicluster's daemons.
+# where no systemd runs it; left running, like the minicluster's daemons.
 if docker info >/dev/null 2>&1; then
   :
 elif [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then

@@ -23,10 +23,10 @@ from train.errors import ConfigError
 # lazy for start-up time: `cluster logs` of 16,384 ranks needs no scheduler's module it does
 # not ask, and all four cost a twentieth of its time).
 BACKENDS: dict[str, str] = {
-    "slurm": "cluster.backends.slurm:SlurmBackend",
+    "slurm": "cluster.backends.slurm.backend:SlurmBackend",
     "local": "cluster.backends.local:LocalBackend",
     "docker": "cluster.backends.docker:DockerBackend",
-    "submitit": "cluster.backends.submitit_slurm:SubmititBackend",
+    "submitit": "cluster.backends.slurm.functions:SubmititBackend",
 }
 # A Python function's job (cluster.submit(fn)) where another backend runs it: SLURM's through
 # submitit (but for restarts inside the allocation, see for_functions).

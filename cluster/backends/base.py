@@ -9,6 +9,7 @@ where nodes are.
 from __future__ import annotations
 
 import signal
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,32 +81,37 @@ class Submission:
     function: Any = None  # a Python function's job: submitit's DelayedSubmission (cluster.submit(fn))
 
 
-class Backend:
-    """One place jobs run. Subclasses set ``name`` and implement every method."""
+@dataclass(frozen=True)
+class Traits:
+    """What the spec, the plan and the request need to know of a backend: chosen once with it
+    (``cluster.plan.make_plan``) and carried by the plan to the request, not asked again."""
 
-    name: ClassVar[str]
-    in_image: ClassVar[bool] = False  # the nodes run the spec's container.image themselves
-    restarts: ClassVar[bool] = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
+    in_image: bool = False  # the nodes run the spec's container.image themselves
+    restarts: bool = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
     # Jobs wait in a queue for their resources: a sweep submits all its points at once by default
     # (on this machine, local and docker points run one at a time unless asked).
-    scheduler: ClassVar[bool] = False
-    requeues: ClassVar[bool] = False  # the scheduler puts a job back in its queue (spec requeue)
+    scheduler: bool = False
+    requeues: bool = False  # the scheduler puts a job back in its queue (spec requeue)
     # Each rank's shim opens its own log (where srun's --output cannot name one per rank).
-    shim_opens_rank_logs: ClassVar[bool] = False
-    # Job arrays (a sweep in one submission): how the batch script of an array's task names
-    # its job (its directory's name); None where the backend has no arrays (a sweep's runner
-    # submits the points one by one).
-    array_task_id: ClassVar[str | None] = None
+    shim_opens_rank_logs: bool = False
     # A job file the batch script writes again at each launch: its write dates the launch (where
     # the goodput ledger's "queued" ends); None: the ranks' process starts date it.
-    launch_marker: ClassVar[str | None] = None
+    launch_marker: str | None = None
     # How early the scheduler may send the spec's time-limit signal (its event resolution).
-    signal_early_s: ClassVar[int] = 0
+    signal_early_s: int = 0
+
+
+class Backend(ABC):
+    """One place jobs run: a subclass sets ``name`` and its ``traits`` and implements every
+    abstract method. Arrays are a capability of their own (``Arrays``)."""
+
+    name: ClassVar[str]
+    traits: ClassVar[Traits] = Traits()
 
     def check(self, spec: JobSpec) -> None:
         """Refuse (ConfigError naming the key) what this backend cannot run; called by the spec's validation."""
         for key in ("restarts", "spare_nodes", "min_nodes"):
-            if getattr(spec, key) and not self.restarts:
+            if getattr(spec, key) and not self.traits.restarts:
                 raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.name}")
 
     def host(self, node: int) -> str:
@@ -116,35 +122,44 @@ class Backend:
         """The rendezvous as the plan shows it; None: the allocation's first node, at run time."""
         return None
 
+    @abstractmethod
     def dry_run(self, job: Submission) -> str:
         """What submitting would do, ending with the script (or its sbatch equivalent); starts nothing."""
-        raise NotImplementedError
 
+    @abstractmethod
     def submit(self, job: Submission) -> JobDir:
         """Start the job; its directory (named by the job id) holds ``job.files``."""
-        raise NotImplementedError
 
+    @abstractmethod
+    def state(self, job: JobDir) -> State:
+        """The job's state as its scheduler reports it (the one table: ``STATES``)."""
+
+    @abstractmethod
+    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
+        """End every process of the job: politely, then SIGKILL after ``grace_s``, saying so."""
+
+    @abstractmethod
+    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
+        """Send ``sig`` to every rank of a running job (``pids_by_host``: the pids its start records name)."""
+
+    @abstractmethod
+    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
+        """py-spy's dump with native frames of one rank, or why there is none."""
+
+
+class Arrays(ABC):
+    """A backend's capability to run many jobs as one array (a sweep in one submission): where
+    a backend has none, a sweep's runner submits the points one by one."""
+
+    # How the batch script of an array's task names its job (its directory's name).
+    array_task_id: ClassVar[str]
+
+    @abstractmethod
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:
         """The one script that runs ``jobs`` (rendered with ``array_task_id``) as the tasks
         ``indices`` of an array, ``max_parallel`` at once, its own output under ``root``; None
         where they cannot share one (they ask for different allocations)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def submit_array(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> list[JobDir]:
         """Submit ``array_script``'s array (it must not be None); each job's directory, in order."""
-        raise NotImplementedError
-
-    def state(self, job: JobDir) -> State:
-        raise NotImplementedError
-
-    def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
-        """End every process of the job: politely, then SIGKILL after ``grace_s``, saying so."""
-        raise NotImplementedError
-
-    def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
-        """Send ``sig`` to every rank of a running job (``pids_by_host``: the pids its start records name)."""
-        raise NotImplementedError
-
-    def native_stack(self, job: JobDir, host: str, pid: int) -> str:
-        """py-spy's dump with native frames of one rank, or why there is none."""
-        raise NotImplementedError

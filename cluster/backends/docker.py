@@ -1,5 +1,5 @@
 """cluster=docker: one container per node on this machine, through the Docker SDK
-(``cluster.containers``), watched by the local launcher's controller; the job id is the
+(``cluster.launcher.containers``), watched by the local launcher's controller; the job id is the
 controller's pid."""
 
 from __future__ import annotations
@@ -8,16 +8,16 @@ import os
 import signal
 import sys
 
-from cluster import containers, controller
-from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.base import Backend, Say, State, Submission, Traits
 from cluster.jobdir import JobDir
+from cluster.launcher import containers, controller
 from cluster.poll import WaitTimeout, wait_until
 from train.errors import ConfigError
 
 
 class DockerBackend(Backend):
     name = "docker"
-    in_image = True
+    traits = Traits(in_image=True)
 
     def check(self, spec) -> None:
         super().check(spec)

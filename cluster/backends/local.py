@@ -1,5 +1,5 @@
 """cluster=local: the request's steps on this machine, run by the local launcher
-(``cluster.controller``); the job id is its controller's pid."""
+(``cluster.launcher.controller``); the job id is its controller's pid."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import contextlib
 import os
 import signal
 
-from cluster import controller, processes
+from cluster import processes
 from cluster.backends.base import Backend, Say, State, Submission
 from cluster.jobdir import JobDir
+from cluster.launcher import controller
 from cluster.processes import native_stack
 from train.errors import ConfigError
 

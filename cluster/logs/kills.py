@@ -10,7 +10,7 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from cluster.attempt_history import RESTART_SAID
+from cluster.backends.slurm.attempt_history import RESTART_SAID
 from cluster.jobdir import JobDir
 
 

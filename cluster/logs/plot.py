@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from cluster.logs.triage import RankReport, Report
+from cluster.logs.report import RankReport, Report
 
 
 def step_time_grid(report: Report, columns: int = 400) -> tuple[list[RankReport], list[list[float]], float, float]:
@@ -121,7 +121,7 @@ def mark_attempts(ax, attempts: list[dict], rows: dict[int, int], t0: float) -> 
     return labels
 
 
-# The ledger's categories (cluster.goodput), coloured: progress green, waste warm, waiting grey.
+# The ledger's categories (cluster.goodput.ledger), coloured: progress green, waste warm, waiting grey.
 CATEGORY_COLOURS = {
     "queued": "#bbbbbb", "start-up": "#f2c14e", "productive": "#3a923a", "checkpoint": "#5b8def",
     "lost work": "#d62728", "other": "#9e9e9e", "detection": "#ff7f0e", "stalled": "#8c2d04",

@@ -8,8 +8,8 @@ from pathlib import Path
 import orjson
 
 from cluster import stacks
-from cluster.attempt_history import format_attempts
-from cluster.logs.triage import Report, fmt_time
+from cluster.backends.slurm.attempt_history import format_attempts
+from cluster.logs.report import Report, fmt_time
 from cluster.stacks import compress
 
 

@@ -41,7 +41,7 @@ def run_strategy(tmp_path, nprocs, *overrides, flags=(), mkdir=True) -> tuple[li
     out = tmp_path / "dist"
     if mkdir:
         out.mkdir()
-    result = torchrun(nprocs, "tests.dist_worker", str(out), *flags, *BASE, f"train.run_dir={out}", *overrides)
+    result = torchrun(nprocs, "tests.support.dist_worker", str(out), *flags, *BASE, f"train.run_dir={out}", *overrides)
     assert result.returncode == 0, result.stderr[-4000:]
     params = [torch.load(out / f"params_{r}.pt") for r in range(nprocs)]
     probes = [torch.load(out / f"probe_{r}.pt") for r in range(nprocs)]

@@ -1,0 +1,23 @@
+"""``cluster cancel JOB [--grace S]``: every process of a job, or a sweep's runner and points."""
+
+from __future__ import annotations
+
+from cluster import api
+from cluster.cli.common import at_least, job_arguments, say
+from cluster.sweeps.directory import Sweep
+
+
+def add_arguments(parser) -> None:
+    job_arguments(parser)
+    parser.add_argument("--grace", type=at_least(0), default=20.0, help="seconds before what is left gets SIGKILL")
+
+
+def run(args) -> int:
+    if Sweep.of(args.job):
+        api.SweepJob.attach(args.job).cancel(args.grace, say)
+        print(f"cancelled sweep {args.job}: no point starts any more, and the running ones were cancelled")
+        return 0
+    job = api.Job.attach(args.job, args.log_dir)
+    job.cancel(args.grace, say)
+    print(f"cancelled {job.job_id}")
+    return 0

@@ -1,0 +1,39 @@
+"""What several commands share: a spec and its overrides, or a job, as arguments; numbers with
+a floor; notes on stderr; a request's steps as JSON. Light: every command imports it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job spec YAML (see jobs/)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. nodes=4 parallel.strategy=fsdp")
+
+
+def job_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job id or job directory")
+    parser.add_argument("--log-dir", default="runs", help="where to look for a job id (default: runs)")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def steps_json(steps) -> list[dict]:
+    return [{"name": s.name, "tasks_per_node": s.tasks_per_node, "command": list(s.command)} for s in steps]
+
+
+def at_least(minimum: float, kind=float, strictly: bool = False):
+    """An argparse type: a number no less than ``minimum`` (``strictly``: greater than it);
+    argparse names the flag of one that is not (exit 2)."""
+
+    def parse(text: str):
+        value = kind(text)
+        if value < minimum or (strictly and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strictly else '>='} {minimum:g}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's "invalid float value" for what is no number
+    return parse

@@ -1,0 +1,124 @@
+"""``cluster logs JOB | SWEEP_DIR [--json] [--rank R] [--follow] [--plot F] [--goodput]``: the
+triage of a job (its per-rank table, first failure, cascade, hang, stragglers), or a sweep's
+table. Its imports are the triage's: 16,384 ranks are read in about the time ``grep -l`` takes,
+and the goodput ledger and the plots are loaded only where asked for."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from cluster.cli.common import at_least, job_arguments
+from cluster.jobdir import JobDir
+from cluster.logs.follow import follow
+from cluster.logs.parallel import collector_paused
+from cluster.logs.plot import plot_goodput, plot_step_times
+from cluster.logs.text import format_report, report_json, tail
+from cluster.logs.triage import inspect, job_is_running
+from cluster.sweeps.directory import Sweep
+from train.errors import ConfigError
+
+
+def add_arguments(parser) -> None:
+    job_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="one object: ranks, first_failure, cascade, ...")
+    parser.add_argument("--rank", type=int, help="print this rank's log (all attempts)")
+    parser.add_argument("--tail", type=at_least(1, int), default=40, help="lines of --rank to print")
+    parser.add_argument("--follow", action="store_true", help="merged, rank-prefixed live stream of all ranks")
+    parser.add_argument(
+        "--plot",
+        help="write step time per rank over steps (with --goodput: the timeline by category; "
+        "a sweep: the metric by parameter) to this PNG",
+    )
+    parser.add_argument("--metric", help="a sweep's metric for the best point (default: test_loss, else train_loss)")
+    parser.add_argument("--mode", choices=("min", "max"), default="min", help="a sweep's best: lowest or highest")
+    parser.add_argument("--goodput", action="store_true",
+                        help="where the job's time went, per attempt (--json: a goodput key), and the advised ckpt_every")  # fmt: skip
+    parser.add_argument("--mtbf-hours", type=at_least(0, strictly=True),
+                        help="mean time between failures for the advice (default: 1.8 h x 16,384 GPUs / the job's)")  # fmt: skip
+    parser.add_argument(
+        "--silent-after", type=at_least(0, strictly=True), default=300.0, help="seconds without output = silent"
+    )
+    parser.add_argument("--straggler-margin", type=at_least(0), default=0.2, help="fraction above the median")
+
+
+def run(args) -> int:
+    if Sweep.of(args.job):
+        return sweep_logs(Sweep.of(args.job), args)
+    job_dir = JobDir.find(args.job, args.log_dir)
+    if args.follow:
+        try:
+            follow(job_dir, list(range(job_dir.world_size())), stop=lambda: job_is_running(job_dir) is not True)
+        except KeyboardInterrupt:
+            return 0
+    with collector_paused():  # the report's objects are freed by reference counting
+        report = inspect(job_dir, silent_after_s=args.silent_after, straggler_margin=args.straggler_margin,
+                         step_times=bool(args.plot))  # fmt: skip
+        ledger = None
+        if args.goodput or not (args.json or args.rank is not None):  # where it is shown: not a 16,384-rank --json
+            from cluster.goodput.ledger import ledger_of  # here, not above: a 16,384-rank --json goes without it
+
+            # The report's answer (unknown counts as over, as in the triage): not asked again
+            ledger = ledger_of(job_dir, running=bool(report.running))
+        if args.rank is not None:
+            files = job_dir.rank_logs(args.rank)
+            if not files:
+                raise ConfigError("--rank", f"no log for rank {args.rank} in {job_dir}")
+            for path in files:
+                print(f"==> {path} <==")
+                sys.stdout.write("".join(tail(path, args.tail)))
+        else:
+            print_report(report, ledger, job_dir, args)
+        if args.plot:
+            plot(report, ledger, job_dir, args)
+    return 1 if report.failed else 0
+
+
+def plot(report, ledger, job_dir: JobDir, args) -> None:
+    from cluster.goodput.ledger import group_ledgers  # here, not above: as ledger_of
+
+    if args.goodput:
+        if ledger is None:
+            raise ConfigError("--goodput", f"no records in {job_dir} yet: no timeline to draw")
+        plot_goodput(ledger, str(job_dir), args.plot, group_ledgers(job_dir, running=bool(report.running)))
+    else:
+        plot_step_times(report, args.plot)
+    print(f"wrote {args.plot}", file=sys.stderr)
+
+
+def print_report(report, ledger, job_dir: JobDir, args) -> None:
+    """The report, as text or JSON; the goodput line under the text, or with --goodput the
+    ledger per attempt and the advice (JSON: keys goodput and advice)."""
+    advice = None
+    if ledger and args.goodput:
+        # YAML and the simulator: --goodput's alone
+        from cluster.goodput.advice import format_advice, goodput_advice, gpu_hour_price
+
+        advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args), gpu_hour_price(job_dir)
+    if args.json:
+        pieces = report_json(report)
+        if args.goodput:  # two more keys, before the closing brace
+            extra = {"goodput": ledger and ledger.to_json(), "advice": advice}
+            pieces[-1:] = [b",\n " + json.dumps(extra)[1:-1].encode() + b"\n}\n"]
+        sys.stdout.flush()
+        sys.stdout.buffer.writelines(pieces)
+        return
+    print(format_report(report))
+    from cluster.goodput.ledger import format_line, format_table  # as ledger_of
+
+    if ledger and args.goodput:
+        print("\n".join(format_table(ledger) + format_advice(advice)))
+    elif ledger:
+        print(format_line(ledger))
+
+
+def sweep_logs(sweep: Sweep, args) -> int:
+    """``cluster logs <sweep dir>``: a row per point; exit 1 when a point failed."""
+    from cluster.sweeps.table import format_sweep, plot_sweep, sweep_table  # a sweep's alone
+
+    table = sweep_table(sweep, args.metric, args.mode)
+    print(json.dumps(table, indent=1) if args.json else format_sweep(table))
+    if args.plot:
+        plot_sweep(table, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 1 if any(r["state"] in ("failed", "not submitted") for r in table["points"]) else 0

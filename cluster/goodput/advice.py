@@ -1,0 +1,125 @@
+"""What ``cluster logs --goodput`` advises and ``cluster goodput --simulate`` predicts, from a
+job's measured phase costs (its ledger, ``cluster.goodput.ledger``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import yaml
+
+from cluster.goodput.ledger import Ledger, expected_ettr, gpus_per_node, ledger_of, mtbf_hours, young_daly_s
+from cluster.goodput.simulate import Scenario, format_simulation, parse_scenario, simulate
+from cluster.jobdir import TRAIN_CONFIG, JobDir
+from train.errors import ConfigError
+
+
+def measured(job_dir: JobDir, ledger: Ledger) -> dict:
+    """The job's phase costs: seconds per save, per step, start-up, detection, restart; its
+    ckpt_every (the built-in trainer's train.yaml) and its size."""
+    saves = ledger.saves_s
+    rows = ledger.attempts
+    steps = [row["step_s"] for row in rows if row.get("step_s")]
+    failures = len(rows) - 1  # each attempt but the last ended in one
+    c = ledger.categories
+
+    config = job_dir.path / TRAIN_CONFIG
+    train = (yaml.safe_load(config.read_text()) or {}).get("train", {}) if config.exists() else {}
+    plan = job_dir.plan() or {}
+    return {
+        "save_s": statistics.fmean(saves) if saves else None,
+        "step_s": statistics.median(steps) if steps else None,
+        "startup_s": rows[0].get("start-up") if rows else None,
+        "detection_s": (c["detection"] + c["stalled"]) / failures if failures else None,
+        "restart_s": c["restart"] / failures if failures else None,
+        "other_frac": c["other"] / steps_s if (steps_s := c["productive"] + c["lost work"]) > 0 else None,
+        "ckpt_every": train.get("ckpt_every") or None,
+        "nodes": plan.get("nodes", 1),
+        "gpus_per_node": gpus_per_node(plan),
+        "ranks": plan.get("world_size", 1),
+    }
+
+
+def gpu_hour_price(job_dir: JobDir) -> float:
+    """The spec's ``cost.gpu_hour`` (spec.yaml as submitted); 0 where it sets none."""
+    spec = yaml.safe_load(job_dir.spec_file.read_text()) if job_dir.spec_file.exists() else None
+    return float(((spec or {}).get("cost") or {}).get("gpu_hour") or 0.0)
+
+
+def goodput_advice(job_dir: JobDir, ledger: Ledger, args) -> dict | None:
+    """The Young-Daly checkpoint interval for the job's measured save cost and an MTBF (given,
+    or scaled from its size), beside its own ckpt_every, with the ETTR each would give."""
+    m = measured(job_dir, ledger)
+    if not (m["save_s"] and m["step_s"]):
+        return {"why_none": "no checkpoint records (train.ckpt_every, or your program's own) or no step times"}
+    gpus = m["nodes"] * m["gpus_per_node"] or m["ranks"]
+    mtbf_h = args.mtbf_hours or mtbf_hours(gpus)
+    recovery = sum(v or 0 for v in (m["startup_s"], m["detection_s"], m["restart_s"]))
+    best_s = young_daly_s(m["save_s"], mtbf_h * 3600)
+    out = {
+        "mtbf_h": round(mtbf_h, 3),
+        "mtbf_from": "--mtbf-hours" if args.mtbf_hours else f"1.8 h x 16,384 GPUs / {gpus}",
+        "save_s": round(m["save_s"], 3),
+        "step_s": round(m["step_s"], 5),
+        "recovery_s": round(recovery, 1),
+        "recommended_ckpt_every": max(1, round(best_s / m["step_s"])),
+        "recommended_ettr": round(expected_ettr(best_s, m["save_s"], mtbf_h * 3600, recovery), 4),
+        "ckpt_every": m["ckpt_every"],
+    }
+    if m["ckpt_every"]:
+        every_s = m["ckpt_every"] * m["step_s"]
+        out["ckpt_every_ettr"] = round(expected_ettr(every_s, m["save_s"], mtbf_h * 3600, recovery), 4)
+    return out
+
+
+def format_advice(advice: dict | None) -> list[str]:
+    if not advice:
+        return []
+    if "why_none" in advice:
+        return [f"  advice: none ({advice['why_none']})"]
+    own = (
+        f"your ckpt_every={advice['ckpt_every']}: {advice['ckpt_every_ettr'] * 100:.1f} %, "
+        if advice.get("ckpt_every")
+        else ""
+    )
+    return [
+        f"  advice: a save costs {advice['save_s']:g} s and a step {advice['step_s']:g} s; MTBF {advice['mtbf_h']:g} h "
+        f"({advice['mtbf_from']}), recovery {advice['recovery_s']:g} s: {own}"
+        f"Young-Daly ckpt_every={advice['recommended_ckpt_every']}: {advice['recommended_ettr'] * 100:.1f} % expected"
+    ]
+
+
+def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> Scenario:
+    """A scenario with the job's measured phase costs (what it did not measure keeps its
+    default); a ``replay`` of its failures also trains what it trained, not a day's work."""
+    m = measured(job_dir, ledger)
+    s = Scenario(nodes=m["nodes"], gpus_per_node=m["gpus_per_node"])
+    if replay:
+        s.work_h = ledger.categories["productive"] / 3600
+    for key, value in (("step_s", m["step_s"]), ("ckpt_s", m["save_s"]), ("startup_s", m["startup_s"]),
+                       ("detection_s", m["detection_s"]), ("restart_s", m["restart_s"]),
+                       ("ckpt_every", m["ckpt_every"]), ("other_frac", m["other_frac"])):  # fmt: skip
+        if value is not None:
+            setattr(s, key, value)
+    return s
+
+
+def simulate_command(args, say) -> int:
+    base = None
+    if args.job:
+        job_dir = JobDir.find(args.job, args.log_dir)
+        ledger = ledger_of(job_dir)
+        if ledger is None:
+            raise ConfigError(args.job, "has no records yet: nothing measured to simulate from")
+        base = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in args.simulate))
+        say(f"measured in {job_dir}: step {base.step_s:g} s, save {base.ckpt_s:g} s, start-up {base.startup_s:g} s")
+    scenario = parse_scenario(args.simulate, base)
+    if not scenario.failures_at:
+        say(f"simulating {scenario.trials} runs per policy and interval ...")
+    result = simulate(scenario)
+    print(
+        json.dumps({"scenario": vars(scenario), **result})
+        if args.json
+        else "\n".join(format_simulation(scenario, result))
+    )
+    return 0

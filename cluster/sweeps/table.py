@@ -1,0 +1,207 @@
+"""``cluster logs <sweep dir>``: one row per point, its overrides, state, steps, final metrics,
+wall time (from its launch to its end, as the goodput ledger counts them), goodput (``cluster.goodput.ledger``: its effective training time ratio) and, for a failed
+point, its first failing rank; the best point by a metric.
+
+Metrics: the built-in trainer's, from rank 0's step records (the last value of each); a
+program's, the last value of each numeric field that rank 0 printed as ``key=value`` or in a
+mapping on a line of its own, JSON or a Python dict (Hugging Face's Trainer: its log's last 64 KB)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from pathlib import Path
+
+from cluster import backends
+from cluster.goodput.ledger import ledger_of
+from cluster.jobdir import JobDir
+from cluster.logs.triage import inspect
+from cluster.sweeps.directory import Sweep
+from train.protocol import strip_stamp
+
+TRAINER_METRICS = ("train_loss", "test_loss", "test_acc")
+LOSSES = ("test_loss", "eval_loss", "train_loss", "loss")  # the default metric: the first a point has
+KEY_VALUE = re.compile(r"\b([A-Za-z_][\w.]*)=(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
+LOG_TAIL = 65536
+
+
+def trainer_metrics(records: list[dict]) -> dict:
+    """The last value of each metric in rank 0's step records."""
+    metrics = {}
+    for rec in records:
+        if rec.get("event") == "step":
+            metrics.update({k: rec[k] for k in TRAINER_METRICS if rec.get(k) is not None})
+    return metrics
+
+
+def object_metrics(text: str) -> dict | None:
+    """The numeric fields of a printed mapping: a JSON object, or a Python dict's repr (Hugging
+    Face's Trainer prints ``{'loss': '4.704', 'epoch': '0.16'}``, its numbers as strings); None
+    where ``text`` is neither."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            fields = ast.literal_eval(text)  # literals only: a log is data, never code
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return None
+    if not isinstance(fields, dict):
+        return None
+    metrics = {}
+    for key, value in fields.items():
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                continue
+        if isinstance(key, str) and isinstance(value, int | float) and not isinstance(value, bool):
+            metrics[key] = value
+    return metrics
+
+
+def program_metrics(job: JobDir) -> dict:
+    """The last value of each numeric field rank 0 printed: ``key=value``, or a mapping on a line
+    of its own (after a progress bar's last ``\r`` too)."""
+    logs = job.rank_logs(0)
+    if not logs:
+        return {}
+    with logs[-1].open("rb") as f:
+        f.seek(max(0, f.seek(0, 2) - LOG_TAIL))
+        text = f.read().decode(errors="replace")
+    metrics = {}
+    for line in text.split("\n"):
+        for part in strip_stamp(line).split("\r"):
+            part = part.strip()
+            if part.startswith("{") and (found := object_metrics(part)) is not None:
+                metrics.update(found)
+            else:
+                metrics.update({k: float(v) for k, v in KEY_VALUE.findall(part)})
+    return metrics
+
+
+def result_metrics(job: JobDir) -> dict:
+    """A function's job: rank 0's return value as metrics: a number is ``result``, a dict's
+    numeric fields are themselves."""
+    kind, value = job.function_outcome(0, plain=True)
+    if kind != "success":
+        return {}
+    fields = value if isinstance(value, dict) else {"result": value}
+    return {k: v for k, v in fields.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive: bool) -> dict:
+    row = {"point": index, "overrides": overrides, "state": None, "job_dir": None,
+           "steps": None, "metrics": {}, "wall_s": None, "goodput": None, "first_failure": None}  # fmt: skip
+    if entry is None:
+        row["state"] = "queued" if runner_alive else "not run"
+        return row
+    if "error" in entry:
+        row.update(state="not submitted", first_failure={"rank": None, "error": entry["error"]})
+        return row
+    job = JobDir(entry["job_dir"])
+    row["job_dir"] = str(job)
+    report = inspect(job, running=False)  # pure: the scheduler is asked only for an unfinished job
+    steps = [r.last_step for r in report.ranks if r.last_step is not None]
+    row["steps"] = max(steps) if steps else None
+    records = job.records(0)  # read once: the metrics and the ledger
+    program = (job.plan() or {}).get("program")
+    row["metrics"] = trainer_metrics(records) if not program else program_metrics(job)
+    if program and program["kind"] == "submitit":
+        row["metrics"].update(result_metrics(job))
+    if report.world_size and report.completed == report.world_size:
+        row["state"] = "completed"
+    else:
+        backend = backends.of(job)
+        kind = backend.state(job).kind if backend else "unknown"
+        if kind in ("waiting", "running"):
+            row["state"] = "pending" if kind == "waiting" else "running"
+        else:
+            row["state"] = "failed"
+            first = report.first_failure
+            row["first_failure"] = {"rank": first["rank"], "error": first["error"]} if first else None
+    ledger = ledger_of(job, records=records, running=row["state"] in ("pending", "running"))
+    row["goodput"] = ledger and ledger.to_json()["ettr"]
+    # From its launch (its submission, on a backend without a queue) to its last record or line
+    row["wall_s"] = ledger and round(ledger.wall_s - ledger.categories["queued"], 1)
+    return row
+
+
+def sweep_table(sweep: Sweep, metric: str | None = None, mode: str = "min") -> dict:
+    """What ``cluster logs <sweep> --json`` prints: the sweep, a row per point, the best point."""
+    jobs, alive = sweep.jobs(), sweep.runner_alive()
+    config = sweep.config()
+    rows = [point_row(i, point, jobs.get(i), alive) for i, point in enumerate(config["points"])]
+    metric = metric or next((m for m in LOSSES if any(m in r["metrics"] for r in rows)), None)
+    scored = [r for r in rows if r["state"] == "completed" and isinstance(r["metrics"].get(metric), int | float)]
+    scored = [r for r in scored if math.isfinite(r["metrics"][metric])]
+    best = (min if mode == "min" else max)(scored, key=lambda r: r["metrics"][metric]) if scored else None
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    return {"sweep_dir": str(sweep.path), "job": config["job"], "fixed": config["fixed"], "points": rows,
+            "states": counts, "runner_alive": alive, "metric": metric, "mode": mode,
+            "best": best and {"point": best["point"], "overrides": best["overrides"], metric: best["metrics"][metric]}}  # fmt: skip
+
+
+def format_sweep(table: dict) -> str:
+    rows = table["points"]
+    names = sorted(
+        {m for r in rows for m in r["metrics"]}, key=lambda m: (m not in TRAINER_METRICS, "loss" not in m, m)
+    )[:6]
+    width = max([len("overrides"), *(len(" ".join(r["overrides"])) for r in rows)])
+    head = f"{'point':>5}  {'overrides':<{width}}  {'state':<13} {'steps':>6} " + "".join(
+        f"{n[:12]:>13}" for n in names
+    )
+    lines = [f"sweep {table['sweep_dir']}: {table['job']} {' '.join(table['fixed'])}".rstrip(),
+             head + f" {'wall':>8} {'goodput':>8}"]  # fmt: skip
+    for r in rows:
+        values = "".join(f"{fmt(r['metrics'].get(n)):>13}" for n in names)
+        wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.1f} s"
+        ettr = "-" if r["goodput"] is None else f"{r['goodput'] * 100:.1f} %"
+        best = "  <- best" if table["best"] and table["best"]["point"] == r["point"] else ""
+        steps = "-" if r["steps"] is None else str(r["steps"])
+        lines.append(
+            f"{r['point']:>5}  {' '.join(r['overrides']):<{width}}  {r['state']:<13} {steps:>6} {values} {wall:>8} "
+            f"{ettr:>8}{best}"
+        )
+        if r["first_failure"]:
+            who = "" if r["first_failure"]["rank"] is None else f"rank {r['first_failure']['rank']}: "
+            lines.append(f"{'':>7}{who}{r['first_failure']['error']}")
+    lines.append("")
+    lines.append(", ".join(f"{n} {state}" for state, n in sorted(table["states"].items())))
+    if table["best"]:
+        b = table["best"]
+        lines.append(
+            f"best by {table['metric']} ({table['mode']}): point {b['point']} ({' '.join(b['overrides'])}): {fmt(b[table['metric']])}"
+        )
+    return "\n".join(lines)
+
+
+def fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def plot_sweep(table: dict, path: str | Path) -> None:
+    """The metric against each swept parameter, one panel per parameter."""
+    import matplotlib  # only for --plot: matplotlib costs a second to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = table["metric"]
+    rows = [r for r in table["points"] if r["state"] == "completed" and metric in r["metrics"]]
+    keys = list(dict.fromkeys(o.partition("=")[0] for r in table["points"] for o in r["overrides"]))
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(4 * max(1, len(keys)), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        xs = [dict(o.partition("=")[::2] for o in r["overrides"]).get(key, "-") for r in rows]
+        ax.scatter(xs, [r["metrics"][metric] for r in rows])
+        ax.set_xlabel(key)
+        ax.set_ylabel(metric)
+    fig.suptitle(f"{metric} by swept parameter ({len(rows)} completed points)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,100 @@
+"""Runs on every rank under torchrun for the equivalence tests.
+
+``python -m tests.support.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--float64] key=value ...``:
+trains with the kit's own setup and loop, then saves this rank's full parameters to
+``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``).
+"""
+
+import copy
+import hashlib
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from train.config import Config, load
+from train.data import ShardedSampler, make_dataset
+from train.dist_env import from_environ, init_process_group
+from train.loop import check_replicas, setup, train
+from train.output import leave
+from train.parallel.common import full_parameters
+from train.parallel.mesh import needs_process_group
+
+
+def probe_grads(cfg, env, trainable, ctx) -> dict:
+    """Synchronised gradients vs the mean of every rank's local gradients on its own shard."""
+    coords = ctx.dims.coords(env.rank)
+    data = make_dataset(cfg.data, cfg.model)
+    idx = ShardedSampler(len(data.x_train), cfg.train.batch_size, cfg.train.seed, coords["dp"], ctx.dims.dp).indices(0)
+    x, y = data.x_train[idx], data.y_train[idx]
+    reference = copy.deepcopy(trainable.state_modules[0])
+    local_loss = torch.nn.functional.cross_entropy(reference(x), y)
+    local_loss.backward()
+    local = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
+    mean = local.clone()
+    dist.all_reduce(mean)
+    mean /= env.world_size
+    torch.nn.functional.cross_entropy(trainable.model(x), y).backward()
+    trainable.finish_grads()
+    synced = torch.cat([p.grad.reshape(-1) for p in trainable.state_modules[0].parameters()])
+    trainable.optimizer.zero_grad(set_to_none=True)
+    return {"local": local, "mean": mean, "synced": synced, "local_loss": local_loss.item()}
+
+
+def probe_replicas(trainable, probe: dict) -> None:
+    """After every step (and its averaging, if any): a hash of this rank's parameters' bytes,
+    so that the test can tell bitwise-equal replicas from drifting ones step by step."""
+    hashes = probe.setdefault("replica_hashes", [])
+    after_step = trainable.after_step
+
+    def hashed(step: int) -> None:
+        after_step(step)
+        flat = torch.cat([p.detach().reshape(-1) for p in trainable.state_modules[0].parameters()])
+        hashes.append((step, hashlib.sha256(flat.numpy().tobytes()).hexdigest()))
+
+    trainable.after_step = hashed
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    flags = [a for a in sys.argv[2:] if a.startswith("--")]
+    cfg = load(Config, None, [a for a in sys.argv[2:] if not a.startswith("--")])
+    env = from_environ(device=cfg.train.device)
+    if "--float64" in flags:  # model and data: rounding 1e-16, far below any mathematical difference
+        torch.set_default_dtype(torch.float64)
+    if needs_process_group(cfg.parallel.strategy, env.world_size):
+        init_process_group(env, cfg.train.timeout_s)
+    try:
+        trainable, ctx = setup(cfg, env)
+        probe = {}
+        if "--probe-grads" in flags:
+            probe.update(probe_grads(cfg, env, trainable, ctx))
+        if "--probe-replicas" in flags:
+            probe_replicas(trainable, probe)
+        train(cfg, env, trainable, ctx, quiet=True)
+        if "--probe-replicas" in flags:
+            from train.parallel.param_avg import optimizer_state_tensors
+
+            state = optimizer_state_tensors(trainable.optimizer)  # none for plain SGD
+            probe["optimizer_state"] = torch.cat([t.reshape(-1) for t in state] or [torch.zeros(0)])
+        if "--probe-divergence" in flags:
+            if env.rank == env.world_size - 1:
+                with torch.no_grad():
+                    next(trainable.state_modules[0].parameters()).add_(1e-3)
+            try:
+                check_replicas(trainable, step=-1)
+                probe["divergence_error"] = None
+            except RuntimeError as exc:
+                probe["divergence_error"] = str(exc)
+        params = full_parameters(trainable)
+        torch.save(params, out / f"params_{env.rank}.pt")
+        torch.save(probe, out / f"probe_{env.rank}.pt")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    leave(0)  # as the kit's ranks do: no interpreter finalization (gloo can abort there)

@@ -1,0 +1,54 @@
+import signal
+import subprocess
+import sys
+
+import torch
+
+from tests.conftest import ROOT, run_module
+from tests.support.checkpoint import params_after
+from tests.support.strategies import max_diff
+from train import checkpoint
+from train.config import Config, load
+from train.dist_env import DistEnv
+from train.loop import setup
+from train.protocol import latest_checkpoint_step
+
+
+def test_resume_is_bitwise_identical(tmp_path):
+    straight = params_after(tmp_path / "a", 40)
+    params_after(tmp_path / "b", 20)  # stops at 20 with a checkpoint ...
+    resumed = params_after(tmp_path / "b", 40)  # ... and the next run picks it up
+    assert max_diff(straight, resumed) == 0.0
+    assert (tmp_path / "b" / "checkpoints" / "latest").read_text().strip() == "step_0000040"
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
+        "latest", "step_0000010", "step_0000020", "step_0000030", "step_0000040"]  # fmt: skip
+
+
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.ckpt_killer", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout.readline().strip() == "saving"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpt = tmp_path / "checkpoints"
+    assert (ckpt / "step_0000020.tmp").is_dir() and not (ckpt / "step_0000020").exists()
+    assert checkpoint.latest(ckpt) == ckpt / "step_0000010"
+    cfg = load(Config, None, [f"train.run_dir={tmp_path}"])
+    trainable, _ = setup(cfg, DistEnv())
+    assert checkpoint.load(ckpt / "step_0000010", trainable, None) == 10
+    # and the next save of step 20 replaces the debris
+    checkpoint.save(ckpt, 20, trainable, None)
+    assert checkpoint.latest(ckpt) == ckpt / "step_0000020" and not (ckpt / "step_0000020.tmp").exists()
+    assert torch.load(ckpt / "step_0000020" / "extra_rank00000.pt", weights_only=False)["step"] == 20
+
+
+def test_a_non_finite_state_is_never_saved_and_latest_stays_finite(tmp_path):
+    """lr 50 with momentum: the loss is finite up to step 4 and nan from step 5 (logged only at
+    step 40). The checkpoint of step 5 is refused (its loss and parameters are checked on every rank) and the run stops
+    there: ``latest`` is step 4."""
+    result = run_module("train", "parallel.strategy=single", "optim.lr=50", "optim.momentum=0.9", "train.steps=40",
+                        "train.ckpt_every=1", "train.log_every=40", f"train.run_dir={tmp_path}")  # fmt: skip
+    assert result.returncode == 1 and "the state at step 5 is non-finite" in result.stderr, result.stderr[-2000:]
+    assert latest_checkpoint_step(tmp_path) == 4 and not (tmp_path / "checkpoints" / "step_0000005").exists()
+    extra = torch.load(tmp_path / "checkpoints" / "step_0000004" / "extra_rank00000.pt", weights_only=False)
+    assert extra["step"] == 4
