@@ -100,11 +100,7 @@ def test_parse_traceback_keeps_user_frames_only():
 def test_a_frame_without_its_source_line_takes_no_other_line_for_it():
     """Where Python has no source (a function shipped by value, a file not on the node), the
     line after a frame is the next frame or the exception: never shown as the frame's code."""
-    text = (
-        "Traceback (most recent call last):\n"
-        '  File "<dynamic-code>", line 24, in boom\n'
-        "RuntimeError: boom\n"
-    )
+    text = 'Traceback (most recent call last):\n  File "<dynamic-code>", line 24, in boom\nRuntimeError: boom\n'
     assert parse_traceback(text) == ("RuntimeError: boom", ['File "<dynamic-code>", line 24, in boom'])
 
 
