@@ -28,10 +28,10 @@ logs: $(VENV)/.installed  ## make logs JOB=<job id or runs/NAME/ID>
 	$(PY) -m cluster logs $(JOB) $(ARGS)
 
 minicluster:  ## a real SLURM cluster on this machine: 3 nodes x 4 fake GPUs (root; installs slurm-wlm)
-	$(PYTHON) -m cluster.minicluster start
+	$(PYTHON) -m cluster.system.minicluster start
 
 minicluster-stop:
-	$(PYTHON) -m cluster.minicluster stop
+	$(PYTHON) -m cluster.system.minicluster stop
 
 test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, real clients, SLURM and image tiers
 	PY=$(PY) tests/provision.sh

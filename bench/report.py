@@ -29,9 +29,9 @@ from bench.scaling.plot import plot as plot_scaling
 from bench.scaling.report import markdown as scaling_markdown
 from bench.scaling.study import FULL, save, study
 from bench.strategies import format_averaging
-from cluster import minicluster
 from cluster.plan import make_plan
 from cluster.spec import JobSpec
+from cluster.system import minicluster
 from fixtures.synthetic import make_job, make_sweep
 from train.config import as_overrides, load
 from train.model import flops_per_sample

@@ -34,9 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster import minicluster
 from cluster.jobdir import JobDir
-from cluster.poll import wait_until
+from cluster.system import minicluster
+from cluster.system.poll import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = ["cpus_per_task=1", "mem=", "exclusive=false", "env.OMP_NUM_THREADS=1", "time=00:10:00"]

@@ -30,10 +30,9 @@ from cluster.function_job import bind, check_keywords, check_travels, code_file,
 from cluster.goodput.ledger import format_line, ledger_of
 from cluster.jobdir import JobDir
 from cluster.logs.report import Report
+from cluster.logs.snapshot import snapshot
 from cluster.logs.triage import inspect
 from cluster.plan import Plan
-from cluster.poll import wait_until
-from cluster.snapshot import snapshot
 from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, say_stderr
@@ -43,6 +42,7 @@ from cluster.sweeps.grid import create as create_sweep
 from cluster.sweeps.grid import launch as launch_points
 from cluster.sweeps.grid import sweep_points
 from cluster.sweeps.table import sweep_table
+from cluster.system.poll import wait_until
 from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from cluster.jobdir import ATTEMPTS, GUARD_LOG, PLAN, TRAIN_CONFIG, job_root, srun_output
 from cluster.plan import Plan
 from cluster.request import Request, job_files
-from cluster.shell import shell_word
 from cluster.spec import JobSpec
+from cluster.system.shell import shell_word
 from train.protocol import ATTEMPT_VAR, DETERMINISTIC_EXIT, PORT_BASE, PORT_SPAN
 
 

@@ -100,7 +100,7 @@ SESSION_MARK = "KIT_TEST_SESSION"
 
 def job_processes() -> dict[int, str]:
     """This session's live descendants, however far they went."""
-    from cluster.processes import alive, command_line
+    from cluster.system.processes import alive, command_line
 
     mark = f"{SESSION_MARK}={os.getpid()}".encode()
     found = {}
@@ -151,8 +151,8 @@ def docker_objects(under: Path) -> list:
 
 def pytest_sessionfinish(session, exitstatus):
     """The suite fails when a job outlives it, naming what survived (then ends it)."""
-    from cluster.poll import WaitTimeout, wait_until
-    from cluster.processes import kill_after
+    from cluster.system.poll import WaitTimeout, wait_until
+    from cluster.system.processes import kill_after
 
     temp = session.config._tmp_path_factory.getbasetemp()  # every test's jobs write under it
     left = job_processes

@@ -27,7 +27,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Started before the suite: scontrol needs a slurm.conf even to expand host lists.
 if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
-  "$PY" -m cluster.minicluster start
+  "$PY" -m cluster.system.minicluster start
 else
   echo "provision: SLURM minicluster not started (needs root and slurm-wlm): its tier will skip" >&2
 fi

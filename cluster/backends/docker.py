@@ -11,7 +11,7 @@ import sys
 from cluster.backends.base import Backend, Say, State, Submission, Traits
 from cluster.jobdir import JobDir
 from cluster.launcher import containers, controller
-from cluster.poll import WaitTimeout, wait_until
+from cluster.system.poll import WaitTimeout, wait_until
 from train.errors import ConfigError
 
 

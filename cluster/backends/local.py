@@ -7,11 +7,11 @@ import contextlib
 import os
 import signal
 
-from cluster import processes
 from cluster.backends.base import Backend, Say, State, Submission
 from cluster.jobdir import JobDir
 from cluster.launcher import controller
-from cluster.processes import native_stack
+from cluster.system import processes
+from cluster.system.processes import native_stack
 from train.errors import ConfigError
 
 MASTER = "127.0.0.1"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cluster.backends import NeverStarts
 from cluster.cli.common import at_least, say, spec_arguments
-from cluster.poll import WaitTimeout, wait_until
 from cluster.submission import load_spec, submit
+from cluster.system.poll import WaitTimeout, wait_until
 from train.protocol import never_joined
 
 

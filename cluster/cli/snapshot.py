@@ -6,7 +6,7 @@ import json
 
 from cluster import api
 from cluster.cli.common import at_least, job_arguments
-from cluster.snapshot import snapshot
+from cluster.logs.snapshot import snapshot
 
 
 def add_arguments(parser) -> None:

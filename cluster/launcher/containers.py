@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from cluster.jobdir import JobDir
 from cluster.launcher.controller import KILL_WAIT_S, Controller
-from cluster.poll import WaitTimeout, wait_until
+from cluster.system.poll import WaitTimeout, wait_until
 from train.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: the docker backend, below the spec, is handed these as data

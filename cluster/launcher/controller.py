@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cluster import processes
 from cluster.jobdir import LAUNCH, JobDir
-from cluster.poll import WaitTimeout, wait_until
+from cluster.system import processes
+from cluster.system.poll import WaitTimeout, wait_until
 from train.protocol import master_port_for_job, parse_time_limit_signal
 
 if TYPE_CHECKING:  # types only: the backends, below the spec, are handed these as data

@@ -18,11 +18,11 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster import stacks
+from cluster.logs import stacks
 from cluster.logs.kills import SchedulerKills
 from cluster.logs.reader import RankEvidence
 from cluster.logs.report import FAILED_STATES, RankReport, fmt_time
-from cluster.stacks import CASCADE, Stack
+from cluster.logs.stacks import CASCADE, Stack
 
 # A rank that exited 0 without one optimizer step (a script that quits when it finds no GPU).
 NO_PROGRESS = (
@@ -102,7 +102,7 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
 
 
 def find_hang(reports: list[RankReport], last_stack: LastStack) -> dict | None:
-    """The hang verdict (cluster.stacks) when a rank stalled or an error says hang."""
+    """The hang verdict (cluster.logs.stacks) when a rank stalled or an error says hang."""
     ended = [r for r in reports if r.state in ("failed", "stalled", "killed", "silent")]  # no_progress is no hang
     errors = {r.rank: r.error for r in ended if r.error and r.state == "failed"}  # exceptions only
     if not any(r.state == "stalled" for r in ended) and not any(says_hang(e) for e in set(errors.values())):

@@ -15,7 +15,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 
-from cluster.stacks import LIBRARY_PATH, stack_in
+from cluster.logs.stacks import LIBRARY_PATH, stack_in
 from train.protocol import STAMP_LENGTH, strip_stamp
 
 # What "Traceback (most recent call last):" and faulthandler's "(most recent call first):"

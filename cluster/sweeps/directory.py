@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster import processes
+from cluster.system import processes
 
 SWEEP = "sweep.json"
 JOBS = "jobs.jsonl"

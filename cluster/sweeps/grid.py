@@ -24,12 +24,13 @@ from pathlib import Path
 
 import yaml
 
-from cluster import backends, processes
+from cluster import backends
 from cluster.backends.base import Arrays
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, make_submission
 from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
+from cluster.system import processes
 from train.config import ConfigError, parse_override
 
 

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from cluster.api import Job, submit, submit_function
-from cluster.poll import wait_until
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.grid import split_point
+from cluster.system.poll import wait_until
 
 POLL_S = 1.0
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module, torchrun
 from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
 from train.output import STAMPER_GONE

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster.launcher.containers import LABEL
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT, docker_engine, run_module
 from tests.support.docker_jobs import SPEC, TWO_BY_TWO
 from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from cluster.jobdir import JobDir
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line
 from tests.support.programs import CNN

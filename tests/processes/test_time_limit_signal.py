@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT, free_port
 from tests.support.jobs import logs_json, submit, wait_for_line, wait_for_step
 from train.protocol import latest_checkpoint_step, read_records

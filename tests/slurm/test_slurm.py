@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import minicluster
-from cluster.poll import wait_until
+from cluster.system import minicluster
+from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from tests.support.bad_specs import BAD
 from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step

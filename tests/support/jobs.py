@@ -7,7 +7,7 @@ from pathlib import Path
 
 from cluster.backends import JobRef
 from cluster.jobdir import JobDir
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from train.protocol import read_records, record_name
 

@@ -3,9 +3,9 @@
 import json
 import sys
 
-from cluster import processes
 from cluster.jobdir import LAUNCH, JobDir
 from cluster.launcher import controller
+from cluster.system import processes
 
 
 def spawned_job(tmp_path, started_offset=0):

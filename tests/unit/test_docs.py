@@ -110,3 +110,10 @@ def test_the_layout_names_every_module():
         if f"`{relative}`" not in text and not (folder in text and f"`{path.name}`" in text):
             unnamed.append(relative)
     assert unnamed == []
+
+
+def test_every_path_the_architecture_names_exists():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`((?:cluster|train|bench|fixtures|tests|jobs|docker)/[\w./-]*)`", text))
+    assert len(named) > 30
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []

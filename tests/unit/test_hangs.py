@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cluster import stacks
 from cluster.jobdir import JobDir
+from cluster.logs import stacks
 from cluster.logs.triage import inspect
 from tests.conftest import run_module
 from train.protocol import FLIGHT_RECORDER_PREFIX

@@ -7,6 +7,8 @@ to hide a cycle."""
 import ast
 import importlib
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 from cluster.backends import BACKENDS
@@ -165,3 +167,10 @@ def test_the_arrows_between_the_folders():
     bad += [str(p.relative_to(ROOT)) + " imports bench" for p in (ROOT / "tests").rglob("*.py")
             if "bench" in imported_tops(p) and (ROOT / "tests" / "bench") not in p.parents]  # fmt: skip
     assert bad == []
+
+
+def test_the_minicluster_starts_with_the_standard_library_alone():
+    """tests/provision.sh starts it with the machine's python3, before any venv (.ci/run)."""
+    done = subprocess.run([sys.executable, "-S", "-c", "import cluster.system.minicluster"], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr

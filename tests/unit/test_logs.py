@@ -7,9 +7,9 @@ import pytest
 from cluster.jobdir import JobDir
 from cluster.logs.parallel import forked_map
 from cluster.logs.scan import parse_traceback
+from cluster.logs.stacks import compress
 from cluster.logs.text import format_report
 from cluster.logs.triage import inspect
-from cluster.stacks import compress
 from fixtures.synthetic import START, make_job, stamp
 from tests.conftest import run_module
 from train.protocol import RECENT_BYTES, RecordWriter, read_records, recent_records, record_name
@@ -395,7 +395,7 @@ def test_the_rules_judge_made_up_evidence_without_a_file():
     from cluster.logs.kills import SchedulerKills
     from cluster.logs.reader import RankEvidence
     from cluster.logs.rules import Judging, find_hang, rank_state, triage
-    from cluster.stacks import Frame, Stack
+    from cluster.logs.stacks import Frame, Stack
 
     def judged(**fields):
         scan = {"last_time": 100.0, "stalled": None, "signal": None, "mtime": 130.0, **fields.pop("scan", {})}

@@ -32,7 +32,7 @@ def wheel_files(tmp_path_factory) -> set[str]:
 
 def test_the_wheel_ships_the_runtime_and_no_development_machinery(wheel_files):
     for shipped in ("cluster/__main__.py", "cluster/cli/logs.py", "cluster/backends/slurm/backend.py",
-                    "cluster/logs/rules.py", "cluster/minicluster.py", "train/collectives.py", "train/shim.py"):  # fmt: skip
+                    "cluster/logs/rules.py", "cluster/system/minicluster.py", "train/collectives.py", "train/shim.py"):  # fmt: skip
         assert shipped in wheel_files, shipped
     development = [f for f in wheel_files if f.startswith(("bench/", "tests/", "fixtures/")) or "synthetic" in f]
     assert development == []

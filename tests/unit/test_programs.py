@@ -8,9 +8,9 @@ import signal
 import pytest
 
 from cluster.plan import make_plan
-from cluster.poll import wait_until
 from cluster.request import make_request
 from cluster.spec import JobSpec
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.programs import CNN
 from train.config import ConfigError, load

@@ -40,7 +40,7 @@ from cluster.backends.slurm.attempt_history import SAY_PREFIX, append, history, 
 from cluster.backends.slurm.backend import SlurmBackend, slurm_job
 from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
-from cluster.poll import wait_until
+from cluster.system.poll import wait_until
 from train.protocol import (
     DETERMINISTIC_EXIT,
     latest_checkpoint_step,

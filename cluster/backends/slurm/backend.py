@@ -15,9 +15,9 @@ from pathlib import Path
 
 from cluster.backends.base import Arrays, Backend, Say, State, Submission, Traits
 from cluster.jobdir import ARRAY_TASK_SCRIPT, PLAN, JobDir
-from cluster.poll import WaitTimeout, wait_until
-from cluster.processes import native_stack
-from cluster.stacks import compress
+from cluster.logs.stacks import compress
+from cluster.system.poll import WaitTimeout, wait_until
+from cluster.system.processes import native_stack
 from train.errors import ConfigError
 
 # What a pending job's Reason means for its owner (SLURM's job_reason_codes page): the

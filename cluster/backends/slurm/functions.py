@@ -18,7 +18,7 @@ from pathlib import Path
 from cluster.backends.base import Submission, Traits
 from cluster.backends.slurm.backend import SlurmJobs, require_sbatch
 from cluster.jobdir import FUNCTION_DIR, FUNCTION_PICKLE, SCRIPT, JobDir
-from cluster.shell import shell_word
+from cluster.system.shell import shell_word
 from train.errors import ConfigError
 
 # The kit's #SBATCH options that submitit has a parameter for, by its name (the others go to

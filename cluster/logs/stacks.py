@@ -58,7 +58,7 @@ DETAIL_LABEL = re.compile(
 )
 # Messages that make a failure a hang rather than a crash.
 HANG_ERROR = re.compile(r"monitoredBarrier|Detected mismatch between collectives|[Tt]imed out|Timeout|Watchdog caught")
-ROOT = str(Path(__file__).resolve().parents[1]) + "/"
+ROOT = str(Path(__file__).resolve().parents[2]) + "/"  # the kit's checkout: frames shown relative to it
 # Where a rank is between its program's end and its exit: the kit's entry points.
 TEARDOWN_FILES = re.compile(r"train/(__main__|runner|shim)\.py$")
 # The outermost frame of a main thread: `python -m ...`, or a script or `python -c`.

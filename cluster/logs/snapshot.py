@@ -8,11 +8,11 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster import stacks
 from cluster.backends import JobRef
+from cluster.logs import stacks
 from cluster.logs.triage import inspect, job_is_running
-from cluster.poll import WaitTimeout, wait_until
-from cluster.processes import py_spy
+from cluster.system.poll import WaitTimeout, wait_until
+from cluster.system.processes import py_spy
 from train.errors import ConfigError
 from train.protocol import DUMP_SIGNAL
 
@@ -21,7 +21,7 @@ from train.protocol import DUMP_SIGNAL
 class Snapshot:
     job_dir: str
     live: int  # ranks asked
-    found: dict  # rank -> its stack (cluster.stacks)
+    found: dict  # rank -> its stack (cluster.logs.stacks)
     verdict: dict  # cluster.stacks.classify's, with "missing" (and "native" with native=True)
     native_asked: bool = False
 

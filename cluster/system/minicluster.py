@@ -1,6 +1,6 @@
 """A real SLURM cluster on this machine: one controller, 3 slurmd "nodes" with 4 fake GPUs each.
 
-``python -m cluster.minicluster start|stop|status`` (``make minicluster``). Idempotent:
+``python -m cluster.system.minicluster start|stop|status`` (``make minicluster``). Idempotent:
 ``start`` on a running cluster only checks it. Needs root; installs Debian's slurm-wlm and
 munge when they are missing. A recipe verified on these machines:
 the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_DEVICES per
@@ -251,7 +251,7 @@ def fail(node: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cluster.minicluster", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m cluster.system.minicluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["start", "stop", "status", "fail"])
     parser.add_argument("node", nargs="?", help="fail: the node to fail (n1, n2, ...)")
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from cluster.poll import WaitTimeout, wait_until
+from cluster.system.poll import WaitTimeout, wait_until
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
