@@ -95,7 +95,7 @@ def written_whole(name: str, text: str, tag: str) -> list[str]:
 
 
 def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
-    """spec.restarts: the first attempt's number and nodes, from cluster.attempts."""
+    """spec.restarts: the first attempt's number and nodes, from cluster.backends.slurm.attempts."""
     helper = " ".join(shell_word(w) for w in request.attempts)
     spares = f", {spec.spare_nodes} spare node(s) standing by" if spec.spare_nodes else ""
     fewer = spec.min_nodes and spec.min_nodes < spec.nodes

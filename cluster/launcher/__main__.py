@@ -1,7 +1,7 @@
 """The local launcher's entry point, for the backends that are not SLURM.
 
 ``python -P -m cluster.launcher JOB_ROOT``
-    the job's controller (started by ``cluster.controller.start``, then told to go): runs the
+    the job's controller (started by ``cluster.launcher.controller.start``, then told to go): runs the
     launch file's steps with the units it names (processes here, or one container per node),
     its account in the job's ``controller.log``.
 ``python -P -m cluster.launcher --node N --step NAME JOB_DIR``

@@ -22,7 +22,7 @@ class Snapshot:
     job_dir: str
     live: int  # ranks asked
     found: dict  # rank -> its stack (cluster.logs.stacks)
-    verdict: dict  # cluster.stacks.classify's, with "missing" (and "native" with native=True)
+    verdict: dict  # cluster.logs.stacks.classify's, with "missing" (and "native" with native=True)
     native_asked: bool = False
 
     def to_json(self) -> dict:
