@@ -119,20 +119,20 @@ def copy_pipes(reads: list[int], targets: list[int]) -> bool:
 def timestamp_lines() -> None:
     """Every line of the rank stamped (by the stamper), and written as it is printed."""
     stamp_descriptors()
-    sys.stdout = sys.__stdout__ = interpreters_stream(1, sys.stdout, line_buffering=True)
-    sys.stderr = sys.__stderr__ = interpreters_stream(2, sys.stderr, line_buffering=True)
+    sys.stdout = sys.__stdout__ = interpreters_stream(1, sys.stdout)
+    sys.stderr = sys.__stderr__ = interpreters_stream(2, sys.stderr)
 
 
-def interpreters_stream(fd: int, old: io.TextIOWrapper, line_buffering: bool) -> io.TextIOWrapper:
+def interpreters_stream(fd: int, old: io.TextIOWrapper) -> io.TextIOWrapper:
     """The stream the interpreter would have made over ``fd`` (CPython's ``create_stdio``),
-    with ``old``'s encoding, errors and buffering. Made anew, not ``old`` kept: its FileIO
+    with ``old``'s encoding, errors and buffering, flushed at each line. Made anew, not ``old`` kept: its FileIO
     learnt at start-up that the descriptor could seek (a log file), and the descriptor is a
     pipe now (``TextIOWrapper(sys.stderr.buffer)`` would fail: "Illegal seek")."""
     unbuffered = old.write_through  # python -u, PYTHONUNBUFFERED
     buffer = open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
     (buffer if unbuffered else buffer.raw).name = old.name
     stream = io.TextIOWrapper(
-        buffer, old.encoding, old.errors, newline="\n", line_buffering=line_buffering and not unbuffered,
+        buffer, old.encoding, old.errors, newline="\n", line_buffering=not unbuffered,
         write_through=unbuffered,
     )  # fmt: skip
     stream.mode = "w"
