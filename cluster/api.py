@@ -33,6 +33,8 @@ from cluster.logs.report import Report
 from cluster.logs.snapshot import snapshot
 from cluster.logs.triage import inspect
 from cluster.plan import Plan
+from cluster.provenance.record import provenance
+from cluster.provenance.snapshot import Snapshot
 from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, say_stderr
@@ -115,15 +117,21 @@ def submit(
         delayed = DelayedSubmission(job, *overrides, **arguments)
         delayed.code_file = code_file(job)  # train.functions names the code where it was written
         return submit_function(delayed, spec, override_texts(values=values))
-    the_spec, the_plan = load_spec(job, override_texts(overrides, values))
-    return Job(submit_loaded(the_spec, the_plan, source_of(job)))
+    texts = override_texts(overrides, values)
+    the_spec, the_plan = load_spec(job, texts)
+    return Job(submit_loaded(the_spec, the_plan, source_of(job), overrides=texts))
 
 
-def submit_function(delayed: Any, spec: str | Path | JobSpec | None, overrides: list[str]) -> Job:
-    """A function's job: ``delayed`` (submitit's ``DelayedSubmission``) on every rank."""
+def submit_function(
+    delayed: Any, spec: str | Path | JobSpec | None, overrides: list[str], code: Snapshot | None = None
+) -> Job:
+    """A function's job: ``delayed`` (submitit's ``DelayedSubmission``) on every rank; its
+    code ``code`` (a sweep's snapshot), or a snapshot taken now."""
     the_spec, the_plan = function_spec(spec, overrides)
     delayed.set_timeout(the_spec.time_minutes, MAX_REQUEUES)  # as submitit's executor does
-    return Job(submit_loaded(the_spec, the_plan, function=delayed))
+    return Job(
+        submit_loaded(the_spec, the_plan, source_of(spec or ""), function=delayed, overrides=overrides, code=code)
+    )
 
 
 def exit_code(report: Report) -> int:
@@ -201,6 +209,11 @@ class Job:
     def logs(self, **options: Any) -> dict:
         """What ``cluster logs --json`` prints: ranks, first_failure, cascade, hang, attempts ..."""
         return self.report(**options).to_json()
+
+    def provenance(self) -> dict | None:
+        """What produced the job (``cluster logs --json``'s ``provenance``): its code snapshot,
+        spec and overrides, versions, packages' hash, image, and the nodes of each attempt."""
+        return provenance(self.ref.job_dir)
 
     def goodput(self) -> dict | None:
         """Where the job's time went so far: ``cluster logs --goodput --json``'s ``goodput``

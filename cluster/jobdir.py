@@ -6,6 +6,8 @@
                                            plan.json's "cluster" names the backend that ran the job
     launch.json  controller.log            cluster=local, docker: the launcher's steps and its account
     train.yaml                             the training configuration every rank got
+    provenance.json  code.diff             what produced the result (cluster.provenance.record): the code
+    spec.submitted.yaml  packages.txt      snapshot, its uncommitted diff, the spec as written, the packages
     attempts.jsonl  guard.log              restarts: each attempt's nodes, its end, the node excluded
     rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
     node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
@@ -78,6 +80,10 @@ SPEC = "spec.yaml"
 FUNCTION_DIR = "submitit"
 FUNCTION_PICKLE = f"{FUNCTION_DIR}/{submitted_pickle_name('%j')}"  # where a launcher of the kit puts the function
 TRAIN_CONFIG = "train.yaml"
+PROVENANCE = "provenance.json"  # what produced the result: code, spec, versions (cluster.provenance.record)
+CODE_DIFF = "code.diff"  # the uncommitted changes of the snapshot's git tree, as `git diff HEAD` wrote them
+SPEC_WRITTEN = "spec.submitted.yaml"  # the spec file as it was at submission (spec.yaml: as resolved)
+PACKAGES = "packages.txt"  # the submitter's installed packages, name==version
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
 GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
 # The per-task logs of a step, by kind: srun's --output pattern (%5t is the task id zero-padded
@@ -181,6 +187,21 @@ class JobDir:
 
     def launch(self) -> dict:
         return json.loads(self.launch_file.read_text())
+
+    def provenance(self) -> dict | None:
+        """What produced the job (``cluster.provenance.record``); None for a job submitted
+        before the kit recorded it."""
+        try:
+            return orjson.loads((self.path / PROVENANCE).read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return None
+
+    def text(self, name: str) -> str:
+        """One of the job's text files (``CODE_DIFF``, ``PACKAGES``, ``SPEC``), "" if absent."""
+        try:
+            return (self.path / name).read_text()
+        except FileNotFoundError:
+            return ""
 
     @property
     def train_config(self) -> Path:

@@ -31,6 +31,9 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
     lines.append(f"# {spec.name}: {plan.nodes} node(s) x {plan.tasks_per_node} task(s) = {plan.world_size} ranks"
                  + (f", rendered from {source}" if source else ""))  # fmt: skip
     lines.append(f"# Runs {describe_program(spec)}.")
+    if request.code:
+        lines.append(f"# Code: {request.code.describe()};")
+        lines.append("# the working directory stays the submission's, where relative paths (data, checkpoints) point.")
     lines.append("# What `python -m cluster submit` hands to sbatch; submit it with `sbatch THIS_FILE`.")
     lines += [f"#SBATCH {opt}" for opt in request.sbatch]
     lines += [

@@ -25,6 +25,7 @@ import yaml
 from cluster.backends.base import Traits
 from cluster.jobdir import PLAN, SCRIPT, SPEC, TRAIN_CONFIG, batch_output
 from cluster.plan import Plan, gpu_binding, plan_record
+from cluster.provenance.snapshot import Snapshot
 from cluster.spec import JobSpec
 from train.protocol import parse_time_limit_signal
 
@@ -66,6 +67,7 @@ class Request:
     image: str = ""
     mounts: tuple[str, ...] = ()
     gpus_per_node: int = 0
+    code: Snapshot | None = None  # the code snapshot the ranks run (cluster.provenance.snapshot)
 
     @property
     def uses_rendezvous_variables(self) -> bool:
@@ -100,30 +102,46 @@ def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
     return opts + list(spec.sbatch_extra)
 
 
-def srun_options(spec: JobSpec) -> list[str]:
+def container_mounts(spec: JobSpec, code: Snapshot | None) -> list[str]:
+    """The spec's mounts, and the code snapshot read-only at its own path."""
+    return [*spec.container.mounts, *([f"{code.tree}:{code.tree}:ro"] if code else [])]
+
+
+def srun_options(spec: JobSpec, code: Snapshot | None = None) -> list[str]:
     opts = ["--kill-on-bad-exit=1"]  # one dead rank ends the step at once instead of a collective timeout
     c = spec.container
     if c.runtime == "pyxis":
         opts.append(f"--container-image={c.image}")
-        if c.mounts:
-            opts.append(f"--container-mounts={','.join(c.mounts)}")
+        if mounts := container_mounts(spec, code):
+            opts.append(f"--container-mounts={','.join(mounts)}")
         if c.workdir:
             opts.append(f"--container-workdir={c.workdir}")
     return opts
 
 
-def in_container(spec: JobSpec, backend: Traits, cmd: list[str]) -> list[str]:
+def in_container(spec: JobSpec, backend: Traits, cmd: list[str], code: Snapshot | None = None) -> list[str]:
     c = spec.container
     if c.runtime == "apptainer" and not backend.in_image:  # docker's tasks already do
-        binds = [f"--bind={m}" for m in c.mounts]
+        binds = [f"--bind={m}" for m in container_mounts(spec, code)]
         pwd = [f"--pwd={c.workdir}"] if c.workdir else []
         return ["apptainer", "exec", "--nv", *binds, *pwd, c.image, *cmd]
     return cmd
 
 
-def rank_program(spec: JobSpec, backend: Traits, python: str, rank_log: bool) -> list[str]:
-    """What one rank runs: the built-in trainer, or the shim around the user's program.
-    ``rank_log``: the rank writes its own log (torchrun's workers share the agent's output)."""
+def code_dir(code: Snapshot | None) -> list[str]:
+    """Where a module, function or pickled function is imported from: the submission's
+    directory as it is in the snapshot (the working directory itself stays the same)."""
+    if code is None or code.where(".") == ".":
+        return []
+    return [f"--code-dir={code.where('.')}"]
+
+
+def rank_program(
+    spec: JobSpec, backend: Traits, python: str, rank_log: bool, code: Snapshot | None = None
+) -> list[str]:
+    """What one rank runs: the built-in trainer, or the shim around the user's program, its
+    code read from the snapshot. ``rank_log``: the rank writes its own log (torchrun's workers
+    share the agent's output)."""
     if spec.program is None:
         log = ["--rank-log"] if rank_log else []
         config = f"$JOB_DIR/{TRAIN_CONFIG}"
@@ -140,7 +158,10 @@ def rank_program(spec: JobSpec, backend: Traits, python: str, rank_log: bool) ->
         shim.append(f"--time-limit-signal={spec.rank_signal}")
         if p.kind == "submitit" and spec.requeue and backend.requeues:
             shim.append("--requeue-on-signal")  # submitit's protocol: checkpoint and requeue
-    shim.append(f"--{p.kind}={p.target}")
+    if p.kind in ("script", "command") and code is not None and (p.kind == "script" or "/" in p.target):
+        shim.append(f"--{p.kind}={code.where(p.target)}")
+    else:
+        shim += [*code_dir(code), f"--{p.kind}={p.target}"]
     if p.kind == "function":
         shim.append(f"--kwargs={json.dumps(p.kwargs, sort_keys=True, separators=(',', ':'))}")
     return [*shim, "--", *p.args]
@@ -162,7 +183,19 @@ def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str, time_
     ]  # fmt: skip
 
 
-def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = False) -> Request:
+def code_env(spec: JobSpec, code: Snapshot | None) -> dict[str, str]:
+    """The spec's environment; where the snapshot holds the kit itself (the built-in trainer,
+    or a program in the kit's tree), PYTHONPATH puts it first, so every step runs the
+    submitted kit (``-P`` keeps the working directory off the path)."""
+    env = dict(spec.env)
+    if code is not None and code.kit:
+        env["PYTHONPATH"] = ":".join(p for p in (code.tree, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def make_request(
+    spec: JobSpec, plan: Plan, python: str, preflight_only: bool = False, code: Snapshot | None = None
+) -> Request:
     steps = []
     # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
     # (srun would take the allocation's task count from the environment: name the step's own.)
@@ -173,28 +206,30 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
     if spec.preflight or preflight_only:
         join = f"--join-timeout-s={spec.stall_timeout_s or PREFLIGHT_JOIN_TIMEOUT_S:g}"
-        check = in_container(spec, plan.backend, [python, "-P", "-m", "train.preflight", "--timestamps", join])
+        check = in_container(spec, plan.backend, [python, "-P", "-m", "train.preflight", "--timestamps", join], code)
         steps.append(Step("preflight", plan.tasks_per_node, per_rank, "preflight", tuple(check)))
     if not preflight_only:
         if spec.launcher == "torchrun":
             agent = torchrun(
-                plan, python, rank_program(spec, plan.backend, python, rank_log=True), nodes, spec.rank_signal
+                plan, python, rank_program(spec, plan.backend, python, True, code), nodes, spec.rank_signal
             )
             srun = (*on_nodes, f"--ntasks={nodes}", "--ntasks-per-node=1", f"--cpus-per-task={spec.cpus_per_task * plan.tasks_per_node}")  # fmt: skip
-            steps.append(Step("train", 1, srun, "node", tuple(in_container(spec, plan.backend, agent)), per_rank=False))
+            steps.append(
+                Step("train", 1, srun, "node", tuple(in_container(spec, plan.backend, agent, code)), per_rank=False)
+            )
         else:
             own_log = plan.backend.shim_opens_rank_logs
-            command = in_container(spec, plan.backend, rank_program(spec, plan.backend, python, rank_log=own_log))
+            command = in_container(spec, plan.backend, rank_program(spec, plan.backend, python, own_log, code), code)
             steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", tuple(command)))
     attempts = (
-        in_container(spec, plan.backend, [python, "-P", "-m", "cluster.backends.slurm.attempts"])
+        in_container(spec, plan.backend, [python, "-P", "-m", "cluster.backends.slurm.attempts"], code)
         if spec.restarts
         else []
     )
     return Request(
         sbatch=tuple(sbatch_options(spec, plan)),
-        srun=tuple(srun_options(spec)),
-        env=tuple(sorted(spec.env.items())),
+        srun=tuple(srun_options(spec, code)),
+        env=tuple(sorted(code_env(spec, code).items())),
         setup=tuple(spec.setup),
         steps=tuple(steps),
         launcher=spec.launcher,
@@ -205,8 +240,9 @@ def make_request(spec: JobSpec, plan: Plan, python: str, preflight_only: bool = 
         rank_signal=spec.rank_signal,
         signal_before_s=parse_time_limit_signal(spec.signal)[1] if spec.rank_signal else 0,
         image=spec.container.image,
-        mounts=tuple(spec.container.mounts),
+        mounts=tuple(container_mounts(spec, code)),
         gpus_per_node=spec.gpus_per_node,
+        code=code,
     )
 
 

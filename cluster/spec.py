@@ -91,6 +91,27 @@ class ContainerSpec:
                 raise ConfigError(f"{prefix}.{key}", f"{value!r} contains shell metacharacters or spaces")
 
 
+@dataclass
+class SnapshotSpec:
+    """The code the job runs, frozen at submission (``cluster.provenance.snapshot``): the git
+    work tree that holds the program, or its directory. ``snapshot: false`` runs what is on disk
+    when the ranks start."""
+
+    enabled: bool = True
+    exclude: list[str] = field(default_factory=list)  # glob patterns of paths left out, beside .gitignore's
+    # A code tree is a few MB; over 100 MB it almost always holds data, checkpoints or an
+    # environment that belong in .gitignore or exclude (and a snapshot of 100 MB takes about 1 s).
+    max_mb: float = 100.0
+
+    def validate(self, prefix: str) -> None:
+        require_positive(self, prefix, "max_mb", minimum=0)
+        for i, pattern in enumerate(self.exclude):
+            if not pattern or pattern.startswith("/"):
+                raise ConfigError(
+                    f"{prefix}.exclude[{i}]", f"{pattern!r}: a pattern relative to the project (data/, *.ckpt)"
+                )
+
+
 PROGRAM_KINDS = ("script", "module", "function", "command", "submitit")
 # The job spec's keys that watch a program too (the rank shim's), beside the trainer's own.
 PROGRAM_WATCH_KEYS = ("stall_timeout_s", "startup_timeout_s")
@@ -160,7 +181,7 @@ def _check_script(key: str, path: str) -> None:
         raise ConfigError(key, f"no such file {path!r} ({where}it must be on a filesystem the nodes share)")
 
 
-def _find_module(key: str, name: str):
+def find_module(key: str, name: str):
     """The module's spec, found as ``python -m`` would from this directory, without running it."""
     if not all(part.isidentifier() for part in name.split(".")):
         raise ConfigError(key, f"{name!r} is not a dotted module name")
@@ -177,14 +198,14 @@ def _find_module(key: str, name: str):
 
 
 def _check_module(key: str, name: str) -> None:
-    _find_module(key, name)
+    find_module(key, name)
 
 
 def _check_function(key: str, target: str) -> None:
     module, sep, name = target.partition(":")
     if not sep or not name.isidentifier():
         raise ConfigError(key, f"{target!r}: expected pkg.module:function")
-    found = _find_module(key, module)
+    found = find_module(key, module)
     if found.origin and found.origin.endswith(".py"):
         # Read, not imported: importing would run the user's module (and its imports) here.
         tree = ast.parse(Path(found.origin).read_text(), found.origin)
@@ -244,6 +265,7 @@ class JobSpec:
     # the smaller world (train.batch_size is the global batch: the mathematics is unchanged).
     min_nodes: int = 0
     container: ContainerSpec = field(default_factory=ContainerSpec)
+    snapshot: SnapshotSpec = field(default_factory=SnapshotSpec)
     cost: CostSpec = field(default_factory=CostSpec)
     env: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
@@ -408,7 +430,7 @@ def unhandled_signal_note(spec: JobSpec) -> str:
     if spec.program.kind == "script":
         source = Path(spec.program.script)
     else:
-        origin = _find_module("program.module", spec.program.module).origin
+        origin = find_module("program.module", spec.program.module).origin
         source = Path(origin) if origin else None
     try:
         text = source.read_text() if source and source.suffix == ".py" else None

@@ -14,6 +14,8 @@ from cluster.backends import JobRef
 from cluster.backends.base import Submission
 from cluster.jobdir import FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
+from cluster.provenance.record import provenance_files
+from cluster.provenance.snapshot import Snapshot, snapshot_for
 from cluster.render import render
 from cluster.request import job_files, make_request
 from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections, early_signal_note, unhandled_signal_note
@@ -73,15 +75,18 @@ def make_submission(
     preflight_only: bool = False,
     job_id: str | None = None,
     function: Any = None,
+    code: Snapshot | None = None,
+    record: dict[str, str] | None = None,
 ) -> Submission:
     """Everything the backend gets: the request, the script ``render`` prints, the job's files.
     ``job_id``: how the script names its job (an array's task), where not SLURM's job id.
     ``function``: a Python function's job, submitit's ``DelayedSubmission`` of it (pickled
-    into the job directory, where submitit does not do it itself)."""
+    into the job directory, where submitit does not do it itself). ``code``: the snapshot the
+    ranks run; ``record``: the provenance files (``cluster.provenance.record``)."""
     python = node_python(spec, plan)
-    request = make_request(spec, plan, python, preflight_only)
+    request = make_request(spec, plan, python, preflight_only, code)
     script = render(spec, plan, request, source, *([job_id] if job_id else []))
-    files: dict[str, str | bytes] = dict(job_files(spec, plan, script))
+    files: dict[str, str | bytes] = {**job_files(spec, plan, script), **(record or {})}
     if function is not None:
         import cloudpickle  # lazy: only a function's job pickles (submitit's own pickler)
 
@@ -89,10 +94,35 @@ def make_submission(
     return Submission(request, plan, script, files, job_root(spec.log_dir, spec.name), python, function)
 
 
-def submit(spec: JobSpec, plan: Plan, source: str = "", preflight_only: bool = False, function: Any = None) -> JobRef:
+def code_of(spec: JobSpec, function: Any = None, write: bool = True, say: Callable[[str], None] = say_stderr):
+    """The code snapshot of a job about to be submitted (``write``: stored; a dry run only
+    says where it would be), its notes said."""
+    code = snapshot_for(spec, getattr(function, "code_file", ""), write)
+    for note in code.notes if code else ():
+        say(f"note: {note}")
+    return code
+
+
+def submit(
+    spec: JobSpec,
+    plan: Plan,
+    source: str = "",
+    preflight_only: bool = False,
+    function: Any = None,
+    overrides: list[str] = (),
+    code: Snapshot | None = None,
+    rerun_of: str = "",
+) -> JobRef:
+    """Submit: the code snapshot taken now (or ``code``, a sweep's or the rerun job's), what
+    the job is made of recorded in its directory."""
     backend = backends.get(spec.cluster)
-    return JobRef(backend.submit(make_submission(spec, plan, source, preflight_only, function=function)), backend)
+    if code is None and not preflight_only:
+        code = code_of(spec, function)
+    record = provenance_files(spec, code, source, list(overrides), rerun_of)
+    prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record)
+    return JobRef(backend.submit(prepared), backend)
 
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:
-    return backends.get(spec.cluster).dry_run(make_submission(spec, plan, source))
+    prepared = make_submission(spec, plan, source, code=code_of(spec, write=False))
+    return backends.get(spec.cluster).dry_run(prepared)

@@ -249,6 +249,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             )
         return value
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, bool) and "enabled" in {f.name for f in dataclasses.fields(tp)}:
+            value = {"enabled": value}  # a section switched on or off whole: `snapshot: false`
         return build(tp, value, key)
     if origin is list:
         if not isinstance(value, list):

@@ -24,7 +24,7 @@ from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
 from train.preempt import armed
-from train.protocol import CHECKPOINTS, RecordWriter
+from train.protocol import CHECKPOINTS, RecordWriter, runtime_versions
 
 NON_FINITE_HINT = "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
 
@@ -158,8 +158,9 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     fb = trainable.forward_backward or forward_backward
     writer = RecordWriter(t.run_dir, env.rank)
     writer.write(
-        "start", env=env.as_record(), pid=os.getpid(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg)
-    )
+        "start", env=env.as_record(), pid=os.getpid(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg),
+        versions=runtime_versions(),
+    )  # fmt: skip
     if not quiet:  # every rank, so that each rank's log says who and where it is
         print(
             f"rank {env.rank}/{env.world_size} on {env.host} (node {env.node_rank}, local rank {env.local_rank}), "

@@ -321,3 +321,36 @@ def parse_records(data: bytes) -> list[dict]:
         except orjson.JSONDecodeError:
             continue
     return records
+
+
+# ----------------------------------------------------------------------------- versions
+def installed_packages() -> dict[str, str]:
+    """Every installed distribution, name (lower case) -> version: read from their metadata,
+    nothing imported."""
+    from importlib import metadata  # here: only a start record and a submission read them
+
+    found = {}
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            found.setdefault(name.lower().replace("_", "-"), dist.version)
+    return dict(sorted(found.items()))
+
+
+def runtime_versions(packages: dict[str, str] | None = None) -> dict[str, str | None]:
+    """Python, torch, CUDA, NCCL and the kit, as installed where this runs (a node, an image):
+    CUDA and NCCL from the wheels torch ships them in, else from torch's own ``+cuXYZ`` tag."""
+    import platform
+
+    packages = installed_packages() if packages is None else packages
+    torch = packages.get("torch")
+    cuda = next((v for k, v in packages.items() if k.startswith("nvidia-cuda-runtime")), None)
+    if cuda is None and torch and (tag := re.search(r"\+cu(\d+)(\d)$", torch)):
+        cuda = f"{tag[1]}.{tag[2]}"
+    return {
+        "python": platform.python_version(),
+        "torch": torch,
+        "cuda": cuda,
+        "nccl": next((v for k, v in packages.items() if k.startswith("nvidia-nccl")), None),
+        "kit": packages.get("torch-cluster-kit"),
+    }

@@ -58,6 +58,7 @@ from train.protocol import (
     RecordWriter,
     log_name,
     parse_time_limit_signal,
+    runtime_versions,
     stamp,
 )
 
@@ -118,16 +119,20 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def run_python(kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None, submitted=None) -> int:
+def run_python(
+    kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None, submitted=None, code_dir: str = ""
+) -> int:
     """The program in this process; ``on_error`` is told of an exception it raised.
-    ``submitted``: what runs a pickled function (kind submitit, ``train.functions``)."""
+    ``submitted``: what runs a pickled function (kind submitit, ``train.functions``).
+    ``code_dir``: the working directory as the job's code snapshot has it, where a module is
+    imported from in its place (the working directory itself stays the submitter's)."""
     if kind == "script":
         path = os.path.abspath(target)
         sys.argv = [target, *args]
         sys.path.insert(0, os.path.dirname(path))  # as `python script.py` does
     else:
         sys.argv = [target, *args]
-        sys.path.insert(0, os.getcwd())  # as `python -m` does
+        sys.path.insert(0, code_dir or os.getcwd())  # as `python -m` does
     drop_kit_modules()
     try:
         if kind == "script":
@@ -226,6 +231,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"--{kind}", help="a pickled function's folder (cluster.submit(fn))" if kind == "submitit" else None
         )
     parser.add_argument("--kwargs", default="{}", help="a function's keyword arguments, JSON")
+    parser.add_argument("--code-dir", default="", help="import a module from here, not the working directory")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: the program's arguments")
     parsed = parser.parse_args(argv)
     if parsed.args[:1] == ["--"]:
@@ -257,8 +263,9 @@ def main(argv: list[str]) -> None:
     writer = RecordWriter(job_dir, env.rank)
     os.environ[RECORDS_VAR] = str(writer.path)  # where a program may say what its checkpoints cost
     writer.write(
-        "start", env=env.as_record(), pid=os.getpid(), program={"kind": kind, "target": target, "args": args.args}
-    )
+        "start", env=env.as_record(), pid=os.getpid(), versions=runtime_versions(),
+        program={"kind": kind, "target": target, "args": args.args},
+    )  # fmt: skip
     print(
         f"rank {env.rank}/{env.world_size} on {env.host} (node {env.node_rank}, local rank {env.local_rank}), "
         f"pid {os.getpid()}: {kind} {target} {' '.join(args.args)}".rstrip(),
@@ -278,7 +285,7 @@ def main(argv: list[str]) -> None:
         code = run_python(
             kind, target, args.args, json.loads(args.kwargs),
             lambda exc: writer.write("failed", step=progress.steps, error=f"{type(exc).__name__}: {exc}"[:500]),
-            lambda: functions.run(target, env, requeue),
+            lambda: functions.run(target, env, requeue), args.code_dir,
         )  # fmt: skip
         finish_like_python()
         progress.finish()

@@ -15,6 +15,7 @@ from cluster.logs.parallel import collector_paused
 from cluster.logs.plot import plot_goodput, plot_step_times
 from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import inspect, job_is_running
+from cluster.provenance.record import one_line, provenance
 from cluster.sweeps.directory import Sweep
 from train.errors import ConfigError
 
@@ -95,15 +96,19 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
         from cluster.goodput.advice import format_advice, goodput_advice, gpu_hour_price
 
         advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args), gpu_hour_price(job_dir)
+    record = provenance(job_dir)
     if args.json:
         pieces = report_json(report)
-        if args.goodput:  # two more keys, before the closing brace
-            extra = {"goodput": ledger and ledger.to_json(), "advice": advice}
-            pieces[-1:] = [b",\n " + json.dumps(extra)[1:-1].encode() + b"\n}\n"]
+        extra = {"provenance": record}  # more keys, before the closing brace
+        if args.goodput:
+            extra |= {"goodput": ledger and ledger.to_json(), "advice": advice}
+        pieces[-1:] = [b",\n " + json.dumps(extra)[1:-1].encode() + b"\n}\n"]
         sys.stdout.flush()
         sys.stdout.buffer.writelines(pieces)
         return
     print(format_report(report))
+    if record:
+        print(one_line(record))
     from cluster.goodput.ledger import format_line, format_table  # as ledger_of
 
     if ledger and args.goodput:

@@ -9,7 +9,7 @@ from cluster.cli.common import say, spec_arguments
 from cluster.jobdir import job_root
 from cluster.render import render
 from cluster.request import make_request
-from cluster.submission import load_spec, node_python
+from cluster.submission import code_of, load_spec, node_python
 
 
 def add_arguments(parser) -> None:
@@ -19,7 +19,8 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
-    text = render(spec, plan, make_request(spec, plan, node_python(spec, plan)), source=args.job)
+    code = code_of(spec)  # stored: the script may be submitted with sbatch itself
+    text = render(spec, plan, make_request(spec, plan, node_python(spec, plan), code=code), source=args.job)
     # SLURM does not create the directory of --output: without it the job dies at launch.
     batch_log_dir = job_root(spec.log_dir, spec.name)
     if not batch_log_dir.is_dir():

@@ -11,7 +11,7 @@ from cluster.cli.common import say, spec_arguments, steps_json
 from cluster.logs.follow import follow
 from cluster.logs.text import format_report
 from cluster.plan import format_plan
-from cluster.submission import load_spec, make_submission, submit
+from cluster.submission import code_of, load_spec, make_submission, submit
 
 
 def add_arguments(parser) -> None:
@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
     if args.dry_run:
-        prepared = make_submission(spec, plan, source=args.job)
+        prepared = make_submission(spec, plan, source=args.job, code=code_of(spec, write=False))
         if args.json:
             print(
                 json.dumps(
@@ -41,7 +41,7 @@ def run(args) -> int:
         print()
         print(backends.get(spec.cluster).dry_run(prepared), end="")
         return 0
-    job = api.Job(submit(spec, plan, source=args.job))
+    job = api.Job(submit(spec, plan, source=args.job, overrides=args.overrides))
     if args.json:
         print(json.dumps({"job_id": job.job_id, "log_dir": str(job.job_dir)}))
     else:

@@ -71,7 +71,8 @@ def submit(job_root: Path, python: str, files: dict[str, str], launch: Callable[
 
 def steps_text(request: Request) -> list[str]:
     """What each step's tasks run ($JOB_DIR and $JOB_ID are set at submission)."""
-    lines = []
+    lines = [f"# code: {request.code.describe()}"] if request.code else []
+    lines += [f"# environment: {k}={v}" for k, v in request.env]
     for step in request.steps:
         lines.append(f"# step {step.name}: {step.tasks_per_node} task(s) per node; $JOB_DIR is runs/<name>/<job id>")
         lines.append(shlex.join(step.command))

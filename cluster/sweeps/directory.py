@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cluster.provenance.snapshot import Snapshot
 from cluster.system import processes
 
 SWEEP = "sweep.json"
@@ -53,6 +54,11 @@ class Sweep:
         """A function's sweep: submitit's ``DelayedSubmission`` of the function, a fresh one
         for each point (a point's own arguments are added to it)."""
         return pickle.loads((self.path / FUNCTION).read_bytes())
+
+    def code(self) -> Snapshot | None:
+        """The code snapshot every point runs, taken when the sweep was created."""
+        code = self.config().get("code")
+        return Snapshot.from_json(code) if code else None
 
     def point_dir(self, index: int) -> Path:
         return self.path / f"p{index:04d}"

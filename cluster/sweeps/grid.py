@@ -27,8 +27,10 @@ import yaml
 from cluster import backends
 from cluster.backends.base import Arrays
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
+from cluster.provenance.record import provenance_files
+from cluster.provenance.snapshot import Snapshot
+from cluster.submission import code_of, function_spec, load_spec, make_submission
 from cluster.submission import dry_run as dry_run_loaded
-from cluster.submission import function_spec, load_spec, make_submission
 from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from cluster.system import processes
 from train.config import ConfigError, parse_override
@@ -103,7 +105,8 @@ def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: i
     path, backend = next_path(spec), backends.get(spec.cluster)
     if isinstance(backend, Arrays):
         indices = list(range(len(points)))
-        jobs = submissions(job, [point_overrides(fixed, p, path, i) for i, p in enumerate(points)], backend)
+        code = code_of(spec, write=False, say=lambda text: None)  # said by the sweep's dry run of point 0
+        jobs = submissions(job, [point_overrides(fixed, p, path, i) for i, p in enumerate(points)], backend, code)
         script = backend.array_script(jobs, indices, parallel_limit(spec, len(points), max_parallel), path)
         if script is not None:
             lines += ["", f"# --- the job array: one sbatch, nothing was submitted (the sweep: {path}) ---", script]
@@ -114,10 +117,16 @@ def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: i
     return "\n".join(lines)
 
 
-def submissions(job: str, overrides: list[list[str]], backend) -> list:
-    """Each point's submission, its batch script rendered as an array's task."""
+def submissions(job: str, overrides: list[list[str]], backend, code: Snapshot | None, record: bool = False) -> list:
+    """Each point's submission, its batch script rendered as an array's task, its code the
+    sweep's snapshot (``record``: with its provenance files, for a submission)."""
     quiet = lambda text: None  # noqa: E731 - every point was validated, and its notes said, before
-    return [make_submission(*load_spec(job, o, quiet), source=job, job_id=backend.array_task_id) for o in overrides]
+    made = []
+    for o in overrides:
+        spec, plan = load_spec(job, o, quiet)
+        files = provenance_files(spec, code, job, o) if record else None
+        made.append(make_submission(spec, plan, job, job_id=backend.array_task_id, code=code, record=files))
+    return made
 
 
 def parallel_limit(spec, points: int, max_parallel: int | None) -> int:
@@ -211,8 +220,9 @@ def create(
         except FileExistsError:
             continue
     limit = parallel_limit(spec, len(points), max_parallel)
+    code = code_of(spec, say=say)  # once: every point runs the code as it is now
     config = {"job": job, "cwd": str(Path.cwd()), "cluster": spec.cluster, "fixed": fixed, "points": points,
-              "max_parallel": limit, "python": sys.executable}  # fmt: skip
+              "max_parallel": limit, "python": sys.executable, "code": code.to_json() if code else None}  # fmt: skip
     if function is not None:
         (path / FUNCTION).write_bytes(function)
         config["function"] = {"arguments": list(arguments)}
@@ -228,7 +238,7 @@ def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> s
     if isinstance(backend, Arrays) and "function" not in config:  # a function's points: one job each
         # sweep.json read once: a point's overrides from it, not a read of it per point
         overrides = [point_overrides(config["fixed"], config["points"][i], sweep.path, i) for i in indices]
-        jobs = submissions(config["job"], overrides, backend)
+        jobs = submissions(config["job"], overrides, backend, sweep.code(), record=True)
         if (script := backend.array_script(jobs, indices, limit, sweep.path)) is not None:
             (sweep.path / ARRAY_SCRIPT).write_text(script)  # the latest array, for the curious
             for index, job_dir in zip(indices, backend.submit_array(jobs, indices, limit, sweep.path)):

@@ -12,7 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.api import Job, submit, submit_function
+from cluster.api import Job, submit_function
+from cluster.submission import load_spec, submit
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.grid import split_point
 from cluster.system.poll import wait_until
@@ -26,13 +27,14 @@ def say(text: str) -> None:
 
 def submit_point(sweep: Sweep, config: dict, index: int) -> Job:
     """A spec's point, or a function's: the function with the point's arguments, on the spec
-    with the point's other overrides."""
+    with the point's other overrides; its code the sweep's snapshot."""
     if "function" not in config:
-        return submit(config["job"], *sweep.overrides(index))
+        overrides = sweep.overrides(index)
+        return Job(submit(*load_spec(config["job"], overrides), config["job"], overrides=overrides, code=sweep.code()))
     kwargs, overrides = split_point(sweep.overrides(index), config["function"]["arguments"])
     delayed = sweep.function()
     delayed.kwargs.update(kwargs)
-    return submit_function(delayed, config["job"] or None, overrides)
+    return submit_function(delayed, config["job"] or None, overrides, code=sweep.code())
 
 
 def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:

@@ -1,0 +1,339 @@
+"""The code a job runs, frozen when it is submitted: a content-addressed snapshot.
+
+Which files: the git work tree that holds the program (tracked files as they are on disk,
+uncommitted changes included, and untracked files that git does not ignore; a submodule's
+likewise), or the program's directory where no git tree holds it; less ``snapshot.exclude``,
+the job's log root and Python's byte-code caches.
+
+The store, ``<log_dir>/.snapshots`` (beside the job directories: wherever the ranks can write
+their logs, they can read it)::
+
+    objects/3f/3f2a91...      each file's content once (``.x``: executable), read-only
+    trees/8e41.../            a snapshot: its files are hard links to the objects; the ranks import from it
+    trees/8e41....json        its manifest: path -> [sha256, executable, size]
+
+A tree's name is the hash of its manifest: the same files are one tree however often they are
+submitted (a sweep's 1,000 points, 50 resubmissions), and two trees share every file they have
+in common. A tree is built under a temporary name and renamed into place, so it is complete or
+absent; two submissions that build the same tree at once keep one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import train
+from cluster.spec import JobSpec, find_module
+from train.errors import ConfigError
+
+STORE = ".snapshots"  # under the log root
+ALWAYS_EXCLUDED = ("__pycache__", "*.pyc", ".git")  # byte code is made from the sources; .git is history
+NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+LARGEST_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One job's code: where it was (``root``), where the ranks read it (``tree``)."""
+
+    digest: str
+    root: str  # the project at submission: a git work tree, or the program's directory
+    tree: str  # its snapshot in the store
+    files: int
+    size: int
+    git: dict | None = None  # commit, branch, dirty, changed (files that differ from the commit)
+    kit: bool = False  # the project holds the kit's own ``train``: the ranks import the kit from it too
+    notes: list[str] = field(default_factory=list)  # said once at submission
+    diff: str = ""  # the uncommitted changes of git's tracked files (an untracked file is whole in the tree)
+
+    def where(self, path: str | Path) -> str:
+        """A path of the project as it is in the snapshot; any other path unchanged."""
+        absolute = Path(path).absolute()
+        if absolute.is_relative_to(self.root):
+            return str(Path(self.tree) / absolute.relative_to(self.root))
+        return str(path)
+
+    @property
+    def short(self) -> str:
+        return self.digest[:12]
+
+    def describe(self) -> str:
+        """Where the ranks' code comes from, for the rendered script and ``--dry-run``."""
+        if self.git:
+            changed = len(self.git["changed"])
+            origin = f"git {self.git['commit'][:7] or '(no commit)'}" + (
+                f" + {changed} changed file(s)" if changed else ""
+            )
+        else:
+            origin = "no git"
+        return (
+            f"snapshot {self.short} of {self.root} ({origin}; {self.files} files, {self.size / 1e6:.1f} MB), "
+            f"read from {self.tree}"
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Snapshot:
+        return cls(**data)
+
+
+def installed(path: Path) -> bool:
+    """Installed software (the interpreter's library, site-packages): recorded by the package
+    list and the image, not copied."""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {sys.prefix, sys.base_prefix, "/usr", "/bin", "/sbin", "/opt/conda"}
+    return any(path.is_relative_to(r) for r in roots if r and r != "/")
+
+
+def git(cwd: str | Path, *args: str) -> str | None:
+    """``git -C cwd args``' output, None where git or the tree is not there."""
+    try:
+        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, check=False)
+    except OSError:
+        return None
+    return done.stdout.decode(errors="replace") if done.returncode == 0 else None
+
+
+def project_of(location: Path) -> tuple[Path, bool]:
+    """The project a program in ``location`` (a directory) belongs to, and whether git holds it."""
+    top = git(location, "rev-parse", "--show-toplevel")
+    return (Path(top.strip()), True) if top else (location, False)
+
+
+def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
+    """A pattern matches the path, or any of its parts (``data`` excludes data/x/y)."""
+    parts = rel.split("/")
+    return any(
+        fnmatch.fnmatch(rel, p)
+        or any(fnmatch.fnmatch(part, p) for part in parts)
+        or rel.startswith(p.rstrip("/") + "/")
+        for p in patterns
+    )
+
+
+def git_files(root: Path, prefix: str = "") -> list[str]:
+    """Tracked and untracked-not-ignored files of a work tree, its submodules' included."""
+    out = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    found = []
+    for rel in dict.fromkeys(p for p in (out or "").split("\0") if p):
+        path = root / rel
+        if path.is_dir() and not path.is_symlink():  # a submodule (its commit in this tree)
+            found += git_files(path, f"{prefix}{rel}/")
+        else:
+            found.append(prefix + rel)
+    return found
+
+
+def walked_files(root: Path) -> list[str]:
+    found = []
+    for folder, dirs, names in os.walk(root):
+        rel_folder = Path(folder).relative_to(root)
+        dirs[:] = [d for d in dirs if not excluded(str(rel_folder / d), NO_GIT_EXCLUDED + ALWAYS_EXCLUDED)]
+        found += [str(rel_folder / n) if str(rel_folder) != "." else n for n in names]
+    return found
+
+
+def git_facts(root: Path, files: set[str], exclude: tuple[str, ...]) -> dict:
+    """The commit, branch and what differs from the commit (modified, added, deleted; what the
+    snapshot leaves out is left out here too)."""
+    commit = (git(root, "rev-parse", "HEAD") or "").strip()
+    branch = (git(root, "rev-parse", "--abbrev-ref", "HEAD") or "").strip()
+    status = git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all") or ""
+    changed = []
+    entries = iter(status.split("\0"))
+    for entry in entries:
+        if len(entry) < 4:
+            continue
+        code, rel = entry[:2], entry[3:]
+        if "R" in code or "C" in code:
+            next(entries, None)  # the rename's source
+        if rel in files or ("D" in code and not excluded(rel, ALWAYS_EXCLUDED + exclude)):
+            changed.append(rel)
+    return {"commit": commit, "branch": branch, "dirty": bool(changed), "changed": sorted(changed)}
+
+
+def git_diff(root: Path, changed: list[str]) -> str:
+    """The uncommitted changes of the tracked files the snapshot holds, as ``git diff`` writes
+    them (an untracked file is in the snapshot whole)."""
+    return (git(root, "diff", "HEAD", "--", *changed) or "") if changed else ""
+
+
+def list_project(root: Path, in_git: bool, exclude: tuple[str, ...], log_root: Path) -> list[str]:
+    names = git_files(root) if in_git else walked_files(root)
+    log_rel = (
+        str(log_root.resolve().relative_to(root.resolve()))
+        if log_root.resolve().is_relative_to(root.resolve())
+        else None
+    )
+    return sorted(
+        rel
+        for rel in names
+        if not excluded(rel, ALWAYS_EXCLUDED + tuple(exclude))
+        and not (log_rel and (rel == log_rel or rel.startswith(log_rel + "/")))
+        and (root / rel).is_file()  # a tracked file deleted on disk: deleted in the snapshot
+    )
+
+
+def mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def check_size(root: Path, names: list[str], max_mb: float) -> dict[str, int]:
+    sizes = {}
+    for rel in names:
+        try:
+            sizes[rel] = (root / rel).stat().st_size
+        except FileNotFoundError:
+            continue
+    total = sum(sizes.values())
+    if total > max_mb * 1e6:
+        largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:LARGEST_SHOWN]
+        raise ConfigError(
+            "snapshot.max_mb",
+            f"the code snapshot of {root} would be {mb(total)} in {len(sizes)} files, over the limit of {max_mb:g} MB; "
+            f"largest: {', '.join(f'{rel} ({mb(n)})' for rel, n in largest)}. Leave data and checkpoints out "
+            "(.gitignore, or snapshot.exclude=[...]), raise snapshot.max_mb, or snapshot=false",
+        )
+    return sizes
+
+
+def read_files(root: Path, names: list[str]) -> tuple[dict[str, list], dict[str, bytes], list[str]]:
+    """Each file's hash, its bytes, and the files that vanished between listing and reading."""
+    manifest, contents, vanished = {}, {}, []
+    for rel in names:
+        path = root / rel
+        try:
+            data = path.read_bytes()
+            executable = bool(path.stat().st_mode & stat.S_IXUSR)
+        except (FileNotFoundError, IsADirectoryError):
+            vanished.append(rel)
+            continue
+        sha = hashlib.sha256(data).hexdigest()
+        manifest[rel] = [sha, executable, len(data)]
+        contents[sha + (".x" if executable else "")] = data
+    return manifest, contents, vanished
+
+
+def digest_of(manifest: dict[str, list]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def store_tree(store: Path, manifest: dict[str, list], contents: dict[str, bytes], digest: str) -> Path:
+    """The tree ``digest`` in the store, built now unless it is there."""
+    tree = store / "trees" / digest
+    if tree.is_dir():
+        return tree
+    for name, data in contents.items():
+        obj = store / "objects" / name[:2] / name
+        if not obj.exists():
+            obj.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(obj, data, 0o555 if name.endswith(".x") else 0o444)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{digest[:12]}."))
+    try:
+        for rel, (sha, executable, _) in manifest.items():
+            target = building / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            obj = store / "objects" / sha[:2] / (sha + (".x" if executable else ""))
+            try:
+                os.link(obj, target)
+            except OSError:  # a filesystem without hard links: a copy
+                shutil.copy2(obj, target)
+        write_atomic(tree.with_suffix(".json"), json.dumps(manifest, sort_keys=True).encode(), 0o444)
+        try:
+            os.rename(building, tree)
+        except OSError:
+            if not tree.is_dir():  # not another submission's same tree: a real failure
+                raise
+            shutil.rmtree(building)
+    except BaseException:
+        shutil.rmtree(building, ignore_errors=True)
+        raise
+    return tree
+
+
+def manifest_of(tree: str | Path) -> dict[str, list]:
+    return json.loads(Path(tree).with_suffix(".json").read_text())
+
+
+def program_location(spec: JobSpec, code_file: str = "") -> Path | None:
+    """The directory of the program's code; None for installed software (the kit installed
+    with pip, a command on PATH), which the package list and the image record instead."""
+    p = spec.program
+    if p is None:
+        where = Path(train.__file__).resolve().parent  # the built-in trainer: the kit's own package
+    elif p.kind == "script":
+        where = Path(p.script).resolve().parent
+    elif p.kind in ("module", "function"):
+        origin = find_module(f"program.{p.kind}", p.target.partition(":")[0]).origin
+        if not origin or not os.path.isabs(origin):
+            return None  # built into Python
+        where = Path(origin).resolve().parent
+        if where.is_relative_to(Path.cwd().resolve()):
+            where = Path.cwd().resolve()  # the import root: a package's parent, as `python -m` finds it
+    elif p.kind == "command":
+        if "/" not in p.command:
+            return None  # on PATH: installed, not the project's
+        where = Path(p.command).resolve().parent
+    else:  # a Python function (cluster.submit(fn)): its file, else where it was submitted from
+        where = Path(code_file).resolve().parent if code_file and Path(code_file).is_file() else Path.cwd().resolve()
+    return None if installed(where) else where
+
+
+def snapshot_for(spec: JobSpec, code_file: str = "", write: bool = True) -> Snapshot | None:
+    """The job's snapshot; None: ``snapshot: false``, or installed code."""
+    if not spec.snapshot.enabled or (location := program_location(spec, code_file)) is None:
+        return None
+    return take(location, Path(spec.log_dir), tuple(spec.snapshot.exclude), spec.snapshot.max_mb, write)
+
+
+def take(
+    location: Path, log_root: Path, exclude: tuple[str, ...] = (), max_mb: float = 100.0, write: bool = True
+) -> Snapshot:
+    """The snapshot of the project that holds ``location`` (a directory). ``write``: store it (not for ``--dry-run``, which shows where it would be). Bad input
+    (too big, a log root that cannot be written) is a ``ConfigError``: nothing is left half-written."""
+    root, in_git = project_of(location.resolve())
+    names = list_project(root, in_git, exclude, log_root)
+    check_size(root, names, max_mb)
+    manifest, contents, vanished = read_files(root, names)
+    digest = digest_of(manifest)
+    store = log_root.absolute() / STORE
+    notes = [f"{rel}: gone between listing and copying, not in the snapshot" for rel in vanished]
+    if not in_git:
+        notes.append(f"{root} is in no git work tree: the snapshot is its directory ({len(manifest)} files)")
+    facts = git_facts(root, set(manifest), tuple(exclude)) if in_git else None
+    diff = git_diff(root, facts["changed"]) if facts and facts["dirty"] else ""
+    tree = store / "trees" / digest
+    if write:
+        try:
+            tree = store_tree(store, manifest, contents, digest)
+        except OSError as exc:
+            raise ConfigError(str(store), f"cannot write the code snapshot there: {exc.strerror or exc}") from None
+    size = sum(entry[2] for entry in manifest.values())
+    kit = Path(train.__file__).resolve().parent.parent == root  # the ranks import the kit from the snapshot
+    return Snapshot(digest, str(root), str(tree), len(manifest), size, facts, kit, notes, diff)
