@@ -16,6 +16,7 @@ line, or keyword arguments (values written as YAML reads them back). Bad input r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from cluster.backends.base import State
 from cluster.backends.slurm.attempt_history import restarts_used, summary
 from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
 from cluster.goodput.ledger import format_line, ledger_of
-from cluster.jobdir import JobDir
+from cluster.jobdir import SPEC, JobDir
 from cluster.logs.report import Report
 from cluster.logs.snapshot import snapshot
 from cluster.logs.triage import inspect
@@ -36,8 +37,8 @@ from cluster.plan import Plan
 from cluster.provenance.record import provenance
 from cluster.provenance.snapshot import Snapshot
 from cluster.spec import JobSpec
+from cluster.submission import code_of, function_spec, load_spec, say_stderr
 from cluster.submission import dry_run as dry_run_loaded
-from cluster.submission import function_spec, load_spec, say_stderr
 from cluster.submission import submit as submit_loaded
 from cluster.sweeps.directory import SWEEP, Sweep, unfinished
 from cluster.sweeps.grid import create as create_sweep
@@ -45,6 +46,7 @@ from cluster.sweeps.grid import launch as launch_points
 from cluster.sweeps.grid import sweep_points
 from cluster.sweeps.table import sweep_table
 from cluster.system.poll import wait_until
+from train.config import build, read_yaml
 from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT
 
@@ -59,6 +61,7 @@ __all__ = [
     "dry_run",
     "load_spec",
     "plan",
+    "rerun",
     "submit",
     "sweep",
 ]
@@ -132,6 +135,32 @@ def submit_function(
     return Job(
         submit_loaded(the_spec, the_plan, source_of(spec or ""), function=delayed, overrides=overrides, code=code)
     )
+
+
+def rerun(job: str | Path, *overrides: str, log_dir: str | Path = "runs", **values: Any) -> Job:
+    """Submit a job again (``cluster rerun``): the same code snapshot, the same resolved spec,
+    from the directory it was submitted from (its relative paths mean what they meant), the
+    overrides on top."""
+    job_dir = JobDir.find(str(job), log_dir)
+    record = job_dir.provenance()
+    if record is None:
+        raise ConfigError(str(job_dir), "was submitted before the kit recorded what a job is made of: submit it anew")
+    spec_file = (job_dir / SPEC).resolve()
+    base = build(JobSpec, read_yaml(spec_file))
+    if base.program is not None and base.program.kind == "submitit":
+        raise ConfigError(str(job_dir), "is a Python function's job: call cluster.submit(fn, ...) again")
+    code = Snapshot.from_json(record["code"]) if record.get("code") else None
+    if code is not None and not Path(code.tree).is_dir():
+        raise ConfigError(str(job_dir), f"its code snapshot {code.tree} is gone from the store: it cannot run again")
+    texts = override_texts(overrides, values)
+    with contextlib.chdir(record["cwd"]):
+        the_spec, the_plan = load_spec(base, texts)
+        if code is None and the_spec.snapshot.enabled:
+            code = code_of(the_spec)  # the job ran what was installed or on disk: so does its rerun
+        ref = submit_loaded(
+            the_spec, the_plan, str(spec_file), overrides=texts, code=code, rerun_of=str(job_dir.path.resolve())
+        )
+    return Job(ref)
 
 
 def exit_code(report: Report) -> int:
@@ -214,6 +243,10 @@ class Job:
         """What produced the job (``cluster logs --json``'s ``provenance``): its code snapshot,
         spec and overrides, versions, packages' hash, image, and the nodes of each attempt."""
         return provenance(self.ref.job_dir)
+
+    def rerun(self, *overrides: str, **values: Any) -> Job:
+        """This job again: its code snapshot and resolved spec, the overrides on top (``cluster rerun``)."""
+        return rerun(self.job_dir, *overrides, **values)
 
     def goodput(self) -> dict | None:
         """Where the job's time went so far: ``cluster logs --goodput --json``'s ``goodput``

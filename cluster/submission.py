@@ -19,7 +19,7 @@ from cluster.provenance.snapshot import Snapshot, snapshot_for
 from cluster.render import render
 from cluster.request import job_files, make_request
 from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections, early_signal_note, unhandled_signal_note
-from train.config import apply_overrides, build, load, read_yaml, to_dict
+from train.config import ConfigError, apply_overrides, build, load, read_yaml, to_dict
 
 SUBMITIT_SIGNAL = "USR2@90"  # submitit's time-limit signal: a function's job where the spec has none
 
@@ -120,7 +120,12 @@ def submit(
         code = code_of(spec, function)
     record = provenance_files(spec, code, source, list(overrides), rerun_of)
     prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record)
-    return JobRef(backend.submit(prepared), backend)
+    try:
+        return JobRef(backend.submit(prepared), backend)
+    except ConfigError:  # the backend refused the job: nothing of it stays
+        if code is not None:
+            code.discard()
+        raise
 
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:

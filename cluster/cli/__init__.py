@@ -32,6 +32,9 @@ COMMANDS = {
     "cancel": "cancel a job (a sweep: its runner and its running points)",
     "logs": "per-rank table, first failing rank and its cascade, hangs, stragglers",
     "snapshot": "every rank of a running job writes its stacks to its log; group ranks by where they are",
+    "diff": "what differs between two jobs, two sweep points, or a job and the working tree now: code, spec, "
+    "packages, environment, nodes, outcome",
+    "rerun": "submit a job again: the same code snapshot and resolved spec, overrides on top",
 }
 
 EXAMPLES = """examples:
@@ -43,6 +46,9 @@ EXAMPLES = """examples:
   python -m cluster snapshot runs/local/12345
   python -m cluster sweep jobs/local.yaml optim.lr=0.05,0.1 parallel.strategy=ddp,zero1 --max-parallel 2
   python -m cluster logs runs/local/sweep-20261125-040000 --metric test_loss
+  python -m cluster diff runs/local/12345 runs/local/12399 --stat
+  python -m cluster diff runs/local/12345          # against the working tree now
+  python -m cluster rerun runs/local/12345 train.steps=400
 """
 
 

@@ -20,6 +20,7 @@ absent; two submissions that build the same tree at once keep one.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -56,6 +57,7 @@ class Snapshot:
     kit: bool = False  # the project holds the kit's own ``train``: the ranks import the kit from it too
     notes: list[str] = field(default_factory=list)  # said once at submission
     diff: str = ""  # the uncommitted changes of git's tracked files (an untracked file is whole in the tree)
+    created: tuple[str, ...] = ()  # what this submission added to the store: undone if the backend refuses the job
 
     def where(self, path: str | Path) -> str:
         """A path of the project as it is in the snapshot; any other path unchanged."""
@@ -83,7 +85,21 @@ class Snapshot:
         )
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "created"}
+
+    def discard(self) -> None:
+        """Undo what taking this snapshot added to the store (the job was not submitted)."""
+        for path in map(Path, self.created):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        store = Path(self.tree).parent.parent
+        for folder in sorted((p for p in store.rglob("*") if p.is_dir()), reverse=True):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only the empty ones
+        with contextlib.suppress(OSError):
+            store.rmdir()
 
     @classmethod
     def from_json(cls, data: dict) -> Snapshot:
@@ -243,16 +259,18 @@ def write_atomic(path: Path, data: bytes, mode: int) -> None:
         raise
 
 
-def store_tree(store: Path, manifest: dict[str, list], contents: dict[str, bytes], digest: str) -> Path:
-    """The tree ``digest`` in the store, built now unless it is there."""
+def store_tree(store: Path, manifest: dict[str, list], contents: dict[str, bytes], digest: str) -> list[str]:
+    """The tree ``digest`` in the store, built now unless it is there; what was added."""
     tree = store / "trees" / digest
     if tree.is_dir():
-        return tree
+        return []
+    created = []
     for name, data in contents.items():
         obj = store / "objects" / name[:2] / name
         if not obj.exists():
             obj.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(obj, data, 0o555 if name.endswith(".x") else 0o444)
+            created.append(str(obj))
     tree.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{digest[:12]}."))
     try:
@@ -267,6 +285,7 @@ def store_tree(store: Path, manifest: dict[str, list], contents: dict[str, bytes
         write_atomic(tree.with_suffix(".json"), json.dumps(manifest, sort_keys=True).encode(), 0o444)
         try:
             os.rename(building, tree)
+            created += [str(tree), str(tree.with_suffix(".json"))]
         except OSError:
             if not tree.is_dir():  # not another submission's same tree: a real failure
                 raise
@@ -274,7 +293,7 @@ def store_tree(store: Path, manifest: dict[str, list], contents: dict[str, bytes
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    return tree
+    return created
 
 
 def manifest_of(tree: str | Path) -> dict[str, list]:
@@ -312,6 +331,13 @@ def snapshot_for(spec: JobSpec, code_file: str = "", write: bool = True) -> Snap
     return take(location, Path(spec.log_dir), tuple(spec.snapshot.exclude), spec.snapshot.max_mb, write)
 
 
+def project_now(root: Path, log_root: Path, exclude: tuple[str, ...] = ()) -> dict[str, list]:
+    """The manifest a snapshot of ``root`` would have now (nothing stored): ``cluster diff``
+    against the working tree."""
+    names = list_project(root, project_of(root)[1], exclude, log_root)
+    return read_files(root, names)[0]
+
+
 def take(
     location: Path, log_root: Path, exclude: tuple[str, ...] = (), max_mb: float = 100.0, write: bool = True
 ) -> Snapshot:
@@ -328,12 +354,12 @@ def take(
         notes.append(f"{root} is in no git work tree: the snapshot is its directory ({len(manifest)} files)")
     facts = git_facts(root, set(manifest), tuple(exclude)) if in_git else None
     diff = git_diff(root, facts["changed"]) if facts and facts["dirty"] else ""
-    tree = store / "trees" / digest
+    tree, created = store / "trees" / digest, []
     if write:
         try:
-            tree = store_tree(store, manifest, contents, digest)
+            created = store_tree(store, manifest, contents, digest)
         except OSError as exc:
             raise ConfigError(str(store), f"cannot write the code snapshot there: {exc.strerror or exc}") from None
     size = sum(entry[2] for entry in manifest.values())
     kit = Path(train.__file__).resolve().parent.parent == root  # the ranks import the kit from the snapshot
-    return Snapshot(digest, str(root), str(tree), len(manifest), size, facts, kit, notes, diff)
+    return Snapshot(digest, str(root), str(tree), len(manifest), size, facts, kit, notes, diff, tuple(created))

@@ -100,8 +100,14 @@ def point_row(index: int, overrides: list[str], entry: dict | None, runner_alive
     if "error" in entry:
         row.update(state="not submitted", first_failure={"rank": None, "error": entry["error"]})
         return row
-    job = JobDir(entry["job_dir"])
-    row["job_dir"] = str(job)
+    row.update(job_outcome(JobDir(entry["job_dir"])))
+    return row
+
+
+def job_outcome(job: JobDir) -> dict:
+    """A job's state, steps, final metrics, first failure, wall time and goodput: a sweep's
+    row, and what ``cluster diff`` compares."""
+    row = {"job_dir": str(job), "first_failure": None}
     report = inspect(job, running=False)  # pure: the scheduler is asked only for an unfinished job
     steps = [r.last_step for r in report.ranks if r.last_step is not None]
     row["steps"] = max(steps) if steps else None
