@@ -1,0 +1,173 @@
+"""The code snapshot (``cluster.provenance.snapshot``): which files, one copy per content, complete
+or absent, and what the job's records say. Real git work trees in temporary directories."""
+
+import errno
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from cluster.provenance import snapshot as snap
+from cluster.provenance.snapshot import STORE, take
+from tests.conftest import run_module
+from tests.support.repos import git, make_repo
+from train.errors import ConfigError
+
+SCRIPT = "import torch\nprint('version one')\n"
+SPEC = "cluster: local\nprogram:\n  script: main.py\n  require_progress: false\n"
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return make_repo(
+        tmp_path / "repo",
+        {"main.py": SCRIPT, "lib/util.py": "X = 1\n", ".gitignore": "data/\n*.ckpt\n", "job.yaml": SPEC},
+    )
+
+
+def files_of(code) -> set[str]:
+    return set(snap.manifest_of(code.tree))
+
+
+def test_a_git_tree_is_its_tracked_files_as_on_disk_and_its_untracked_files_less_what_git_ignores(repo, tmp_path):
+    (repo / "lib/util.py").write_text("X = 2\n")  # uncommitted
+    (repo / "new.py").write_text("Y = 1\n")  # untracked
+    (repo / "data").mkdir()
+    (repo / "data/big.bin").write_bytes(b"0" * 100)  # ignored
+    (repo / "model.ckpt").write_text("weights")  # ignored
+    (repo / "secret.env").write_text("TOKEN=abc")  # excluded by the spec
+    code = take(repo, tmp_path / "runs", exclude=("*.env",))
+    assert files_of(code) == {".gitignore", "job.yaml", "lib/util.py", "new.py", "main.py"}
+    assert (Path(code.tree) / "lib/util.py").read_text() == "X = 2\n"
+    assert code.git["dirty"] and code.git["changed"] == ["lib/util.py", "new.py"]
+    assert code.git["commit"] == git(repo, "rev-parse", "HEAD").strip() and code.git["branch"] == "main"
+    assert "-X = 1\n+X = 2" in code.diff and "TOKEN" not in code.diff and "secret" not in json.dumps(code.to_json())
+    assert code.kit is False and not code.notes
+
+
+def test_the_same_tree_is_stored_once_and_two_trees_share_their_files(repo, tmp_path):
+    runs = tmp_path / "runs"
+    first = [take(repo, runs) for _ in range(50)]  # 50 resubmissions of an unchanged tree
+    assert len({c.digest for c in first}) == 1 and len(list((runs / STORE / "trees").glob("*.json"))) == 1
+    objects = sorted((runs / STORE / "objects").rglob("*"))
+    (repo / "main.py").write_text(SCRIPT.replace("one", "two"))
+    second = take(repo, runs)
+    assert second.digest != first[0].digest
+    added = set((runs / STORE / "objects").rglob("*")) - set(objects)
+    assert len([p for p in added if p.is_file()]) == 1  # the one file that changed
+    assert os.stat(Path(second.tree) / "lib/util.py").st_ino == os.stat(Path(first[0].tree) / "lib/util.py").st_ino
+    assert not os.access(Path(second.tree) / "main.py", os.W_OK) or os.geteuid() == 0  # read-only content
+
+
+def test_a_program_outside_every_git_tree_is_its_directory_said_once(tmp_path):
+    folder = tmp_path / "plain"
+    (folder / ".venv/lib").mkdir(parents=True)
+    (folder / ".venv/lib/site.py").write_text("")
+    (folder / "train.py").write_text(SCRIPT)
+    (folder / "runs").mkdir()
+    (folder / "runs/old.log").write_text("a log")
+    code = take(folder, folder / "runs")
+    assert files_of(code) == {"train.py"} and code.git is None  # no environment, no logs
+    assert code.notes == [f"{folder} is in no git work tree: the snapshot is its directory (1 files)"]
+
+
+def test_a_submodules_files_are_in_the_snapshot(repo, tmp_path):
+    sub = make_repo(tmp_path / "sub", {"helpers.py": "H = 1\n"})
+    git(repo, "submodule", "add", "-q", str(sub), "vendor/sub")
+    git(repo, "commit", "-qm", "submodule")
+    (repo / "vendor/sub/helpers.py").write_text("H = 2\n")  # changed inside the submodule
+    code = take(repo, tmp_path / "runs")
+    assert "vendor/sub/helpers.py" in files_of(code)
+    assert (Path(code.tree) / "vendor/sub/helpers.py").read_text() == "H = 2\n"
+
+
+def test_a_file_that_disappears_between_listing_and_copying_is_left_out_and_said(repo, tmp_path, monkeypatch):
+    listed = snap.list_project
+
+    def list_then_delete(*args):
+        names = listed(*args)
+        (repo / "lib/util.py").unlink()
+        return names
+
+    monkeypatch.setattr(snap, "list_project", list_then_delete)
+    code = take(repo, tmp_path / "runs")
+    assert "lib/util.py" not in files_of(code)
+    assert code.notes == ["lib/util.py: gone between listing and copying, not in the snapshot"]
+
+
+@pytest.mark.parametrize("fault", ["read-only", "full"])
+def test_a_log_root_that_cannot_be_written_is_bad_input_and_leaves_no_tree(fault, repo, tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if fault == "read-only":
+        if os.geteuid() == 0:  # root writes anyway: the same error as the kernel's
+            monkeypatch.setattr(snap.tempfile, "mkstemp", raise_errno(errno.EROFS))
+        runs.chmod(0o555)
+    else:
+        real = snap.write_atomic
+        calls = []
+
+        def full_after_two(path, data, mode):  # the disk fills part-way
+            calls.append(path)
+            if len(calls) > 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(path, data, mode)
+
+        monkeypatch.setattr(snap, "write_atomic", full_after_two)
+    try:
+        with pytest.raises(ConfigError, match=f"{runs / STORE}: cannot write the code snapshot there"):
+            take(repo, runs)
+    finally:
+        runs.chmod(0o755)
+    assert not list(runs.rglob("trees/*"))  # complete or absent
+
+
+def raise_errno(number):
+    def fail(*args, **kwargs):
+        raise OSError(number, os.strerror(number))
+
+    return fail
+
+
+def take_digest(args) -> str:
+    repo, runs = args
+    return take(Path(repo), Path(runs)).digest
+
+
+def test_two_submissions_at_once_share_one_store(repo, tmp_path):
+    runs = tmp_path / "runs"
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        digests = pool.map(take_digest, [(str(repo), str(runs))] * 8)
+    assert len(set(digests)) == 1
+    assert [p.name for p in (runs / STORE / "trees").iterdir()] == [digests[0], f"{digests[0]}.json"] or sorted(
+        p.name for p in (runs / STORE / "trees").iterdir()
+    ) == sorted([digests[0], f"{digests[0]}.json"])  # no temporary tree left behind
+    assert files_of(take(repo, runs)) == {".gitignore", "job.yaml", "lib/util.py", "main.py"}
+
+
+def test_a_tree_over_the_limit_exits_2_naming_its_largest_files_and_submits_nothing(repo, tmp_path):
+    (repo / "weights.bin").write_bytes(os.urandom(3_000_000))
+    result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path / 'runs'}", "snapshot.max_mb=2", cwd=repo)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: snapshot.max_mb: the code snapshot of") and "weights.bin (3.0 MB)" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_shows_where_the_code_comes_from_and_snapshot_false_turns_it_off(repo, tmp_path):
+    runs = tmp_path / "runs"
+    shown = run_module("cluster", "submit", "job.yaml", f"log_dir={runs}", "--dry-run", cwd=repo)
+    assert shown.returncode == 0, shown.stderr
+    digest = take(repo, runs, write=False).digest
+    assert f"# Code: snapshot {digest[:12]} of {repo} (git " in shown.stdout
+    assert f"--script={runs}/{STORE}/trees/{digest}/main.py" in shown.stdout
+    assert not runs.exists()  # a dry run stores nothing
+    off = run_module("cluster", "submit", "job.yaml", f"log_dir={runs}", "--dry-run", "snapshot=false", cwd=repo)
+    assert off.returncode == 0 and "# Code:" not in off.stdout and "--script=main.py" in off.stdout
+
+
+def test_bad_snapshot_keys_exit_2_naming_the_key(repo, tmp_path):
+    for override, key in (("snapshot.exclude=[/abs]", "snapshot.exclude[0]"), ("snapshot.bogus=1", "snapshot.bogus")):
+        result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path}", override, "--dry-run", cwd=repo)
+        assert result.returncode == 2 and result.stderr.startswith(f"error: {key}"), result.stderr
