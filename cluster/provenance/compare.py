@@ -23,6 +23,8 @@ from train.protocol import installed_packages
 NOW = "now"  # the working tree, as a snapshot would take it now
 POINT = re.compile(r"^(?P<sweep>.+?)(?::(?P<index>\d+)|/p(?P<dir>\d{4}))/?$")
 CONTEXT = 3
+# Where a job writes, not what it computes (a sweep gives each point a log_dir of its own): not compared.
+NOT_COMPARED = ("log_dir",)
 
 
 @dataclass
@@ -139,7 +141,7 @@ def code_diff(a: Side, b: Side, stat: bool) -> dict:
 def overrides_of(side: Side) -> list[str]:
     """The overrides the job was submitted with; a rerun's are on top of its original's."""
     record = side.record or {}
-    own = record.get("spec", {}).get("overrides") or []
+    own = [o for o in record.get("spec", {}).get("overrides") or [] if o.partition("=")[0] not in NOT_COMPARED]
     return [f"(rerun of {record['rerun_of']})", *own] if record.get("rerun_of") else own
 
 
@@ -155,7 +157,9 @@ def compare(ref_a: str, ref_b: str = NOW, log_dir: str = "runs", stat: bool = Fa
         result["packages"] = key_diff(a.packages, b.packages)
         return result
     env = lambda s: {k: v for k, v in s.spec.items() if k.startswith("env.")}  # noqa: E731
-    spec_a, spec_b = ({k: v for k, v in s.spec.items() if not k.startswith("env.")} for s in (a, b))
+    spec_a, spec_b = (
+        {k: v for k, v in s.spec.items() if not k.startswith("env.") and k not in NOT_COMPARED} for s in (a, b)
+    )
     overrides = [overrides_of(s) for s in (a, b)]
     outcome = [
         {k: v for k, v in (s.outcome or {}).items() if k not in ("job_dir", "wall_s", "goodput")} for s in (a, b)

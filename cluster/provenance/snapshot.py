@@ -39,7 +39,12 @@ from cluster.spec import JobSpec, find_module
 from train.errors import ConfigError
 
 STORE = ".snapshots"  # under the log root
-ALWAYS_EXCLUDED = ("__pycache__", "*.pyc", ".git")  # byte code is made from the sources; .git is history
+ALWAYS_EXCLUDED = (
+    "__pycache__",
+    "*.pyc",
+    ".git",
+    STORE,
+)  # byte code is made from the sources; .git is history; another log root's store
 NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache")
 LARGEST_SHOWN = 5
 

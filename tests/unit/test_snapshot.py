@@ -151,7 +151,10 @@ def test_a_tree_over_the_limit_exits_2_naming_its_largest_files_and_submits_noth
     (repo / "weights.bin").write_bytes(os.urandom(3_000_000))
     result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path / 'runs'}", "snapshot.max_mb=2", cwd=repo)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.startswith("error: snapshot.max_mb: the code snapshot of") and "weights.bin (3.0 MB)" in result.stderr
+    assert (
+        result.stderr.startswith("error: snapshot.max_mb: the code snapshot of")
+        and "weights.bin (3.0 MB)" in result.stderr
+    )
     assert not (tmp_path / "runs").exists()
 
 

@@ -1,0 +1,140 @@
+"""Reproducible jobs (issue 50), with real local jobs: each job runs the code it was submitted
+with, whatever is edited after; ``cluster diff`` says what differs; ``cluster rerun`` gives the
+same final loss to the last digit."""
+
+import json
+
+import pytest
+
+from cluster.api import Job, SweepJob
+from tests.conftest import run_module
+from tests.support.jobs import submit, wait_for_line
+from tests.support.repos import kit_copy, make_repo
+
+pytestmark = pytest.mark.slow
+
+# Prints its version, then waits for the test's word (a file) before its one optimizer step:
+# the test edits this file while the first point waits.
+SCRIPT = """\
+import sys, time
+from pathlib import Path
+import torch
+VERSION = "one"
+print(f"version {VERSION}", flush=True)
+go = Path(sys.argv[1])
+deadline = time.monotonic() + 120
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+w = torch.nn.Parameter(torch.ones(1))
+opt = torch.optim.SGD([w], lr=float(sys.argv[2]))
+w.sum().backward()
+opt.step()
+print(f"loss={w.item()}", flush=True)
+"""
+
+
+def test_a_sweep_point_runs_the_code_of_the_sweeps_submission_and_diff_shows_only_the_swept_key(tmp_path):
+    repo = make_repo(tmp_path / "repo", {"main.py": SCRIPT})
+    go = tmp_path / "go"
+    (repo / "job.yaml").write_text(
+        f"cluster: local\nname: tiny\nprogram:\n  script: main.py\n  args: ['{go}', '0.1']\n"
+    )
+    # the swept key: the script's learning rate, as its second argument
+    started = run_module(
+        "cluster", "sweep", "job.yaml", f"log_dir={tmp_path / 'runs'}", "--max-parallel", "1", "--json",
+        f"program.args=['{go}','0.1'],['{go}','0.2']", cwd=repo,
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    sweep = SweepJob.attach(json.loads(started.stdout.splitlines()[0])["sweep_dir"])
+    first = sweep.path / "p0000" / "tiny"
+    wait_for_line_in(first, "version one")
+    (repo / "main.py").write_text(SCRIPT.replace('"one"', '"two"'))  # edited while point 0 runs
+    go.touch()
+    table = sweep.wait(timeout=300)
+    assert [p["state"] for p in table["points"]] == ["completed", "completed"], table
+    second_log = next((sweep.path / "p0001" / "tiny").glob("*/rank_00000.log")).read_text()
+    assert "version one" in second_log and "version two" not in second_log
+    diff = run_module("cluster", "diff", f"{sweep.path}:0", f"{sweep.path}:1", "--json", cwd=repo)
+    assert diff.returncode == 0, diff.stderr
+    result = json.loads(diff.stdout)
+    assert result["code"]["same"] is True and result["spec"] == {"program.args": [[str(go), "0.1"], [str(go), "0.2"]]}
+    assert result["env"] == {} and result["packages"] == {} and result["nodes"] is None
+    text = run_module("cluster", "diff", f"{sweep.path}:0", str(sweep.path / "p0001"), cwd=repo).stdout
+    assert "code: the same" in text and "program.args:" in text and "loss=0.9" not in text
+    assert result["outcome"] == {"metrics.loss": [pytest.approx(0.9), pytest.approx(0.8)]}
+
+
+def wait_for_line_in(job_root, text: str) -> None:
+    from cluster.system.poll import wait_until
+
+    wait_until(lambda: list(job_root.glob("*/rank_00000.log")), 120, "point 0's log")
+    wait_for_line(next(job_root.glob("*/rank_00000.log")), text, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    """A committed copy of the kit, its job A submitted from it and ended."""
+    root = kit_copy(tmp_path_factory.mktemp("kit"))
+    runs = root / "runs" / "a"
+    a, info = submit_in(root, runs)
+    assert a.returncode == 0, a.stderr
+    return root, runs / "local" / info["job_id"]
+
+
+FAST = ["train.steps=20", "train.log_every=5", "train.eval_every=10", "tasks_per_node=2", "train.batch_size=64"]
+
+
+def submit_in(root, runs, *overrides):
+    args = ["cluster", "submit", "jobs/local.yaml", f"log_dir={runs}", "--json", "--wait", *FAST, *overrides]
+    result = run_module(*args, cwd=root, env={"PYTHONPATH": ""}, timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return result, json.loads(lines[0]) if lines else None
+
+
+def final_loss(job_dir) -> str:
+    """Rank 0's last test loss, as its log printed it (every digit it printed)."""
+    return (
+        [line for line in (job_dir / "rank_00000.log").read_text().splitlines() if "test_loss" in line][-1]
+        .split("test_loss ")[1]
+        .split()[0]
+    )
+
+
+def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(kit):
+    root, job_a = kit
+    loop = root / "train/loop.py"
+    old = "stall watchdog: stacks to this log"
+    loop.write_text(loop.read_text().replace(old, "stall watchdog (edited): stacks to this log"))  # one line
+    b, info = submit_in(root, root / "runs" / "b", "optim.lr=0.05")
+    assert b.returncode == 0, b.stderr
+    job_b = root / "runs" / "b" / "local" / info["job_id"]
+    assert "stall watchdog (edited)" in (job_b / "rank_00000.log").read_text()
+    assert "stall watchdog (edited)" not in (job_a / "rank_00000.log").read_text()
+    result = json.loads(run_module("cluster", "diff", str(job_a), str(job_b), "--json", cwd=root).stdout)
+    assert [f["path"] for f in result["code"]["files"]] == ["train/loop.py"]
+    hunk = result["code"]["files"][0]
+    assert (hunk["added"], hunk["removed"]) == (1, 1) and '+        print(f"stall watchdog (edited)' in hunk["diff"]
+    assert result["spec"] == {"optim.lr": [0.1, 0.05]}
+    assert result["outcome"]["metrics.test_loss"][0] != result["outcome"]["metrics.test_loss"][1]
+    text = run_module("cluster", "diff", str(job_a), str(job_b), cwd=root).stdout
+    print(text)
+    assert "optim.lr: 0.1 -> 0.05" in text and "metrics.test_loss:" in text and "packages: the same" in text
+    line = run_module("cluster", "logs", str(job_b), cwd=root).stdout.splitlines()
+    assert any(x.startswith("code ") and "+ 1 changed file (snapshot " in x and "+ 7 overrides" in x for x in line), (
+        line
+    )
+
+
+def test_rerun_of_a_finished_job_gives_the_same_final_loss_from_its_own_code(kit):
+    root, job_a = kit
+    (root / "train/loop.py").write_text((root / "train/loop.py").read_text().replace("stall watchdog", "edited"))
+    rerun = run_module("cluster", "rerun", str(job_a), "--json", cwd=root, env={"PYTHONPATH": ""})
+    assert rerun.returncode == 0, rerun.stderr
+    job = json.loads(rerun.stdout)
+    again = Job.attach(job["log_dir"])
+    again.wait(timeout=300)
+    assert final_loss(again.job_dir) == final_loss(job_a)  # to the last digit printed
+    assert "stall watchdog:" in (again.job_dir / "rank_00000.log").read_text()  # its snapshot's code
+    same = json.loads(run_module("cluster", "diff", str(job_a), str(again.job_dir), "--json").stdout)
+    assert same["code"]["same"] and same["spec"] == {} and same["outcome"] == {}
+    assert again.provenance()["rerun_of"] == str(job_a)
