@@ -8,29 +8,10 @@ import pytest
 
 from cluster.api import Job, SweepJob
 from tests.conftest import run_module
-from tests.support.jobs import submit, wait_for_line
-from tests.support.repos import kit_copy, make_repo
+from tests.support.jobs import wait_for_line
+from tests.support.repos import SCRIPT, kit_copy, make_repo
 
 pytestmark = pytest.mark.slow
-
-# Prints its version, then waits for the test's word (a file) before its one optimizer step:
-# the test edits this file while the first point waits.
-SCRIPT = """\
-import sys, time
-from pathlib import Path
-import torch
-VERSION = "one"
-print(f"version {VERSION}", flush=True)
-go = Path(sys.argv[1])
-deadline = time.monotonic() + 120
-while not go.exists() and time.monotonic() < deadline:
-    time.sleep(0.1)
-w = torch.nn.Parameter(torch.ones(1))
-opt = torch.optim.SGD([w], lr=float(sys.argv[2]))
-w.sum().backward()
-opt.step()
-print(f"loss={w.item()}", flush=True)
-"""
 
 
 def test_a_sweep_point_runs_the_code_of_the_sweeps_submission_and_diff_shows_only_the_swept_key(tmp_path):

@@ -17,6 +17,7 @@ from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from tests.support.bad_specs import BAD
 from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
+from tests.support.repos import SCRIPT, make_repo
 from train.protocol import DETERMINISTIC_EXIT, read_records
 
 pytestmark = pytest.mark.slurm
@@ -475,6 +476,31 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
     print(f"goodput of a requeue ({how}): {json.dumps(ledger)}")
     assert len(ledger["attempts"]) == 2 and ledger["categories"]["restart"] > 0
     assert ledger["ettr"] < ETTR["uninterrupted"]
+
+
+def test_a_requeued_job_runs_the_code_it_was_submitted_with_though_its_script_was_edited(tmp_path):
+    """Issue 50: the script is edited after submission; ``scontrol requeue``'s second attempt
+    runs the submitted code from the job's snapshot, and its log says so."""
+    repo, go = make_repo(tmp_path / "repo", {"main.py": SCRIPT}), tmp_path / "go"
+    (repo / "job.yaml").write_text(f"name: versioned\nprogram:\n  script: main.py\n  args: ['{go}', '0.1']\n")
+    result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path / 'runs'}", "--json", *FIT,
+                        "requeue=true", cwd=repo)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_id = json.loads(result.stdout.splitlines()[-1])["job_id"]
+    job_dir = tmp_path / "runs" / "versioned" / job_id
+    try:
+        wait_for_line(job_dir / "rank_00000.log", "version one", timeout=180)
+        (repo / "main.py").write_text(SCRIPT.replace('"one"', '"two"'))
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+        wait_requeued(job_id)
+        go.touch()
+        assert wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "GONE")) in ("COMPLETED", "GONE")
+    finally:
+        subprocess.run(["scancel", job_id], check=False)
+    second = (job_dir / "rank_00000.attempt1.log").read_text()
+    assert "version one" in second and "version two" not in second and "loss=0.9" in second
+    _, report = logs_json(job_dir)
+    assert report["provenance"]["code"]["git"]["dirty"] is False and report["ranks"][0]["attempts"] == 2
 
 
 # ----------------------------------------------------------------------------- restarts

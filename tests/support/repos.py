@@ -6,6 +6,25 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
+# Prints its version, then waits for the test's word (a file) before its one optimizer step:
+# the test edits this file while the first point waits.
+SCRIPT = """\
+import sys, time
+from pathlib import Path
+import torch
+VERSION = "one"
+print(f"version {VERSION}", flush=True)
+go = Path(sys.argv[1])
+deadline = time.monotonic() + 120
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+w = torch.nn.Parameter(torch.ones(1))
+opt = torch.optim.SGD([w], lr=float(sys.argv[2]))
+w.sum().backward()
+opt.step()
+print(f"loss={w.item()}", flush=True)
+"""
+
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
 
 
