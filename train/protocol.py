@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import platform
 import re
 import signal
 import struct
@@ -340,8 +341,6 @@ def installed_packages() -> dict[str, str]:
 def runtime_versions(packages: dict[str, str] | None = None) -> dict[str, str | None]:
     """Python, torch, CUDA, NCCL and the kit, as installed where this runs (a node, an image):
     CUDA and NCCL from the wheels torch ships them in, else from torch's own ``+cuXYZ`` tag."""
-    import platform
-
     packages = installed_packages() if packages is None else packages
     torch = packages.get("torch")
     cuda = next((v for k, v in packages.items() if k.startswith("nvidia-cuda-runtime")), None)

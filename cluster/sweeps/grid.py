@@ -117,7 +117,9 @@ def dry_run(job: str, fixed: list[str], points: list[list[str]], max_parallel: i
     return "\n".join(lines)
 
 
-def submissions(job: str, overrides: list[list[str]], backend, code: Snapshot | None, record: bool = False) -> list:
+def submissions(
+    job: str, overrides: list[list[str]], backend, code: Snapshot | None = None, record: bool = False
+) -> list:
     """Each point's submission, its batch script rendered as an array's task, its code the
     sweep's snapshot (``record``: with its provenance files, for a submission)."""
     quiet = lambda text: None  # noqa: E731 - every point was validated, and its notes said, before
