@@ -23,7 +23,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import torch
 
-from bench import restart_bench
+from bench import restart_bench, snapshot_cost
 from bench.runs import run_ranks
 from bench.scaling.plot import plot as plot_scaling
 from bench.scaling.report import markdown as scaling_markdown
@@ -205,6 +205,12 @@ def restart_costs(rounds: int) -> dict | None:
     # cores): whether sharing cores or what every rank imports sets the ratio to the probe.
     say("start-up vs a probe on 2 nodes x 1 task (SLURM)")
     return result | {"one_task_per_node": restart_bench.measure(rounds, startup_only=True, tasks_per_node=1)}
+
+
+def snapshot_costs(rounds: int, quick: bool) -> dict:
+    """What the code snapshot adds to a submission, and a sweep's one tree (``bench.snapshot_cost``)."""
+    say("code snapshots: submit of a 50 MB / 5,000-file tree with and without; a 100-point sweep")
+    return snapshot_cost.measure(rounds, *((500, 5.0, 10) if quick else ()))
 
 
 def scaling_study() -> dict:
@@ -410,6 +416,14 @@ def render_markdown(r: dict) -> str:
     else:
         why = sc["error"] if sc else "not run by --quick; `python -m bench.scaling --quick` is its smoke form"
         lines += ["## Scaling study", "", f"Not in this report: {why}.", ""]
+    lines += ["## Code snapshots (issue 50)", ""]
+    snapshots = r.get("snapshots")
+    lines += [
+        f"Not measured: {snapshots['error']}"
+        if not snapshots or "error" in snapshots
+        else "\n".join(snapshot_cost.markdown(snapshots)),
+        "",
+    ]
     lines += averaging_markdown(r.get("averaging"))
     lines += [
         "",
@@ -478,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
         "gpu": gpu_mfu(rounds),
         "scaling": None if args.quick else guarded(scaling_study),
+        "snapshots": guarded(snapshot_costs, rounds, args.quick),
     }
     result["averaging"] = guarded(averaging_table, rounds, args.quick)
     out = Path(args.out)

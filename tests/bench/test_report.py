@@ -18,6 +18,8 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         "1024 nodes x 8 GPUs",
         "| param_avg@k4 | 2 |",
         "## Restarts",
+        "**1 tree** in the store",  # a sweep's points share the code snapshot
+        "| snapshot, new store |",
     ):
         assert needle in text, needle
     for png in ("throughput.png", "state_bytes.png", "busbw.png"):
