@@ -128,12 +128,10 @@ def in_container(spec: JobSpec, backend: Traits, cmd: list[str], code: Snapshot 
     return cmd
 
 
-def code_dir(code: Snapshot | None) -> list[str]:
-    """Where a module, function or pickled function is imported from: the submission's
-    directory as it is in the snapshot (the working directory itself stays the same)."""
-    if code is None or code.where(".") == ".":
-        return []
-    return [f"--code-dir={code.where('.')}"]
+def code_option(code: Snapshot | None) -> list[str]:
+    """The shim imports what lies in the project (the working directory's modules, PYTHONPATH's
+    entries there) from the snapshot; the working directory itself stays the same."""
+    return [f"--code={code.root}={code.tree}"] if code else []
 
 
 def rank_program(
@@ -158,10 +156,12 @@ def rank_program(
         shim.append(f"--time-limit-signal={spec.rank_signal}")
         if p.kind == "submitit" and spec.requeue and backend.requeues:
             shim.append("--requeue-on-signal")  # submitit's protocol: checkpoint and requeue
-    if p.kind in ("script", "command") and code is not None and (p.kind == "script" or "/" in p.target):
-        shim.append(f"--{p.kind}={code.where(p.target)}")
-    else:
-        shim += [*code_dir(code), f"--{p.kind}={p.target}"]
+    target = p.target
+    if code is not None and (p.kind == "script" or (p.kind == "command" and "/" in target)):
+        target = code.where(target)  # the snapshot's copy (a command on PATH is installed software)
+    if p.kind != "command":
+        shim += code_option(code)
+    shim.append(f"--{p.kind}={target}")
     if p.kind == "function":
         shim.append(f"--kwargs={json.dumps(p.kwargs, sort_keys=True, separators=(',', ':'))}")
     return [*shim, "--", *p.args]

@@ -119,20 +119,31 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def in_snapshot(entry: str, root: str, tree: str) -> str:
+    """A path entry inside the project, as the snapshot has it; any other unchanged."""
+    path = os.path.realpath(entry or ".")
+    if path == root or path.startswith(root + os.sep):
+        return tree + path[len(root) :]
+    return entry
+
+
 def run_python(
-    kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None, submitted=None, code_dir: str = ""
+    kind: str, target: str, args: list[str], kwargs: dict, on_error=lambda exc: None, submitted=None, code: str = ""
 ) -> int:
     """The program in this process; ``on_error`` is told of an exception it raised.
     ``submitted``: what runs a pickled function (kind submitit, ``train.functions``).
-    ``code_dir``: the working directory as the job's code snapshot has it, where a module is
-    imported from in its place (the working directory itself stays the submitter's)."""
+    ``code``: ``ROOT=TREE``, the job's project and its code snapshot: every entry of the path
+    inside the project (the working directory for a module, PYTHONPATH's) is the snapshot's
+    (the working directory itself stays the submitter's)."""
     if kind == "script":
         path = os.path.abspath(target)
         sys.argv = [target, *args]
         sys.path.insert(0, os.path.dirname(path))  # as `python script.py` does
     else:
         sys.argv = [target, *args]
-        sys.path.insert(0, code_dir or os.getcwd())  # as `python -m` does
+        sys.path.insert(0, os.getcwd())  # as `python -m` does
+    if code:
+        sys.path[:] = [in_snapshot(entry, *code.split("=", 1)) for entry in sys.path]
     drop_kit_modules()
     try:
         if kind == "script":
@@ -231,7 +242,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"--{kind}", help="a pickled function's folder (cluster.submit(fn))" if kind == "submitit" else None
         )
     parser.add_argument("--kwargs", default="{}", help="a function's keyword arguments, JSON")
-    parser.add_argument("--code-dir", default="", help="import a module from here, not the working directory")
+    parser.add_argument("--code", default="", help="ROOT=TREE: import what is in ROOT from its snapshot TREE")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="after --: the program's arguments")
     parsed = parser.parse_args(argv)
     if parsed.args[:1] == ["--"]:
@@ -285,7 +296,7 @@ def main(argv: list[str]) -> None:
         code = run_python(
             kind, target, args.args, json.loads(args.kwargs),
             lambda exc: writer.write("failed", step=progress.steps, error=f"{type(exc).__name__}: {exc}"[:500]),
-            lambda: functions.run(target, env, requeue), args.code_dir,
+            lambda: functions.run(target, env, requeue), args.code,
         )  # fmt: skip
         finish_like_python()
         progress.finish()

@@ -204,21 +204,29 @@ def list_project(root: Path, in_git: bool, exclude: tuple[str, ...], log_root: P
         for rel in names
         if not excluded(rel, ALWAYS_EXCLUDED + tuple(exclude))
         and not (log_rel and (rel == log_rel or rel.startswith(log_rel + "/")))
-        and (root / rel).is_file()  # a tracked file deleted on disk: deleted in the snapshot
     )
+
+
+def file_stats(root: Path, names: list[str]) -> dict[str, os.stat_result]:
+    """The regular files among ``names`` (a tracked file deleted on disk is deleted in the
+    snapshot; a link is its target's content), one ``stat`` each: size and mode."""
+    found = {}
+    for rel in names:
+        try:
+            st = os.stat(root / rel)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            found[rel] = st
+    return found
 
 
 def mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
-def check_size(root: Path, names: list[str], max_mb: float) -> dict[str, int]:
-    sizes = {}
-    for rel in names:
-        try:
-            sizes[rel] = (root / rel).stat().st_size
-        except FileNotFoundError:
-            continue
+def check_size(root: Path, stats: dict[str, os.stat_result], max_mb: float) -> None:
+    sizes = {rel: st.st_size for rel, st in stats.items()}
     total = sum(sizes.values())
     if total > max_mb * 1e6:
         largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:LARGEST_SHOWN]
@@ -228,17 +236,16 @@ def check_size(root: Path, names: list[str], max_mb: float) -> dict[str, int]:
             f"largest: {', '.join(f'{rel} ({mb(n)})' for rel, n in largest)}. Leave data and checkpoints out "
             "(.gitignore, or snapshot.exclude=[...]), raise snapshot.max_mb, or snapshot=false",
         )
-    return sizes
 
 
-def read_files(root: Path, names: list[str]) -> tuple[dict[str, list], dict[str, bytes], list[str]]:
+def read_files(root: Path, stats: dict[str, os.stat_result]) -> tuple[dict[str, list], dict[str, bytes], list[str]]:
     """Each file's hash, its bytes, and the files that vanished between listing and reading."""
     manifest, contents, vanished = {}, {}, []
-    for rel in names:
-        path = root / rel
+    for rel, st in stats.items():
+        executable = bool(st.st_mode & stat.S_IXUSR)
         try:
-            data = path.read_bytes()
-            executable = bool(path.stat().st_mode & stat.S_IXUSR)
+            with open(root / rel, "rb") as f:
+                data = f.read()
         except (FileNotFoundError, IsADirectoryError):
             vanished.append(rel)
             continue
@@ -250,6 +257,12 @@ def read_files(root: Path, names: list[str]) -> tuple[dict[str, list], dict[str,
 
 def digest_of(manifest: dict[str, list]) -> str:
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def write_new(path: Path, data: bytes, mode: int) -> None:
+    """A file that did not exist, read-only from its creation."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
+        f.write(data)
 
 
 def write_atomic(path: Path, data: bytes, mode: int) -> None:
@@ -265,28 +278,44 @@ def write_atomic(path: Path, data: bytes, mode: int) -> None:
 
 
 def store_tree(store: Path, manifest: dict[str, list], contents: dict[str, bytes], digest: str) -> list[str]:
-    """The tree ``digest`` in the store, built now unless it is there; what was added."""
+    """The tree ``digest`` in the store, built now unless it is there; what was added. A new
+    file is written into the tree being built (read-only from its creation) and published as
+    an object by a hard link, itself atomic: a half-written object is never seen."""
     tree = store / "trees" / digest
     if tree.is_dir():
         return []
-    created = []
-    for name, data in contents.items():
-        obj = store / "objects" / name[:2] / name
-        if not obj.exists():
-            obj.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(obj, data, 0o555 if name.endswith(".x") else 0o444)
-            created.append(str(obj))
     tree.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=tree.parent, prefix=f".{digest[:12]}."))
+    created, folders = [], set()
+
+    def folder(path: Path) -> None:
+        if path not in folders:
+            path.mkdir(parents=True, exist_ok=True)
+            folders.add(path)
+
     try:
         for rel, (sha, executable, _) in manifest.items():
-            target = building / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            obj = store / "objects" / sha[:2] / (sha + (".x" if executable else ""))
+            name = sha + (".x" if executable else "")
+            obj, target = store / "objects" / sha[:2] / name, building / rel
+            folder(target.parent)
             try:
                 os.link(obj, target)
-            except OSError:  # a filesystem without hard links: a copy
+                continue
+            except FileNotFoundError:
+                pass  # a new content
+            except OSError:  # a filesystem without hard links: copies
                 shutil.copy2(obj, target)
+                continue
+            write_new(target, contents[name], 0o555 if executable else 0o444)
+            folder(obj.parent)
+            try:
+                os.link(target, obj)
+                created.append(str(obj))
+            except FileExistsError:  # another submission published it first
+                pass
+            except OSError:  # no hard links here
+                write_atomic(obj, contents[name], 0o555 if executable else 0o444)
+                created.append(str(obj))
         write_atomic(tree.with_suffix(".json"), json.dumps(manifest, sort_keys=True).encode(), 0o444)
         try:
             os.rename(building, tree)
@@ -340,7 +369,7 @@ def project_now(root: Path, log_root: Path, exclude: tuple[str, ...] = ()) -> di
     """The manifest a snapshot of ``root`` would have now (nothing stored): ``cluster diff``
     against the working tree."""
     names = list_project(root, project_of(root)[1], exclude, log_root)
-    return read_files(root, names)[0]
+    return read_files(root, file_stats(root, names))[0]
 
 
 def take(
@@ -349,9 +378,9 @@ def take(
     """The snapshot of the project that holds ``location`` (a directory). ``write``: store it (not for ``--dry-run``, which shows where it would be). Bad input
     (too big, a log root that cannot be written) is a ``ConfigError``: nothing is left half-written."""
     root, in_git = project_of(location.resolve())
-    names = list_project(root, in_git, exclude, log_root)
-    check_size(root, names, max_mb)
-    manifest, contents, vanished = read_files(root, names)
+    stats = file_stats(root, list_project(root, in_git, exclude, log_root))
+    check_size(root, stats, max_mb)
+    manifest, contents, vanished = read_files(root, stats)
     digest = digest_of(manifest)
     store = log_root.absolute() / STORE
     notes = [f"{rel}: gone between listing and copying, not in the snapshot" for rel in vanished]

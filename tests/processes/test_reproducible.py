@@ -3,6 +3,7 @@ with, whatever is edited after; ``cluster diff`` says what differs; ``cluster re
 same final loss to the last digit."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,35 @@ def test_rerun_of_a_finished_job_gives_the_same_final_loss_from_its_own_code(kit
     same = json.loads(run_module("cluster", "diff", str(job_a), str(again.job_dir), "--json").stdout)
     assert same["code"]["same"] and same["spec"] == {} and same["outcome"] == {}
     assert again.provenance()["rerun_of"] == str(job_a)
+
+
+WHERE = """\
+import pkg.helper
+def run():
+    print(f"code {__file__} {pkg.helper.__file__}", flush=True)
+if __name__ == "__main__":
+    run()
+"""
+
+
+@pytest.mark.parametrize(
+    "program",
+    [["program.module=pkg.main"], ["program.function=pkg.main:run"],
+     ["program.script=pkg/main.py", "program.launcher=torchrun"]],
+    ids=["module", "function", "script-under-torchrun"],
+)  # fmt: skip
+def test_modules_functions_and_torchruns_workers_import_the_snapshot(program, tmp_path):
+    repo = make_repo(tmp_path / "repo", {"pkg/__init__.py": "", "pkg/helper.py": "", "pkg/main.py": WHERE})
+    (repo / "job.yaml").write_text("cluster: local\nname: where\nprogram:\n  require_progress: false\n")
+    if program[0].startswith("program.script"):  # a script imports its package from its project's root: PYTHONPATH
+        (repo / "job.yaml").write_text(
+            "cluster: local\nname: where\nenv: {PYTHONPATH: .}\nprogram:\n  require_progress: false\n"
+        )
+    result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path / 'runs'}", *program, "--wait", "--json",
+                        cwd=repo)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_dir = Path(json.loads(result.stdout.splitlines()[0])["log_dir"])
+    line = next(x for x in (job_dir / "rank_00000.log").read_text().splitlines() if " code " in x)
+    tree = Job.attach(job_dir).provenance()["code"]["tree"]
+    main_file, helper_file = line.split(" code ")[1].split()
+    assert (main_file, helper_file) == (f"{tree}/pkg/main.py", f"{tree}/pkg/helper.py")

@@ -84,14 +84,14 @@ def test_a_submodules_files_are_in_the_snapshot(repo, tmp_path):
 
 
 def test_a_file_that_disappears_between_listing_and_copying_is_left_out_and_said(repo, tmp_path, monkeypatch):
-    listed = snap.list_project
+    listed = snap.file_stats
 
     def list_then_delete(*args):
-        names = listed(*args)
+        found = listed(*args)
         (repo / "lib/util.py").unlink()
-        return names
+        return found
 
-    monkeypatch.setattr(snap, "list_project", list_then_delete)
+    monkeypatch.setattr(snap, "file_stats", list_then_delete)
     code = take(repo, tmp_path / "runs")
     assert "lib/util.py" not in files_of(code)
     assert code.notes == ["lib/util.py: gone between listing and copying, not in the snapshot"]
@@ -106,7 +106,7 @@ def test_a_log_root_that_cannot_be_written_is_bad_input_and_leaves_no_tree(fault
             monkeypatch.setattr(snap.tempfile, "mkstemp", raise_errno(errno.EROFS))
         runs.chmod(0o555)
     else:
-        real = snap.write_atomic
+        real = snap.write_new
         calls = []
 
         def full_after_two(path, data, mode):  # the disk fills part-way
@@ -115,7 +115,7 @@ def test_a_log_root_that_cannot_be_written_is_bad_input_and_leaves_no_tree(fault
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             real(path, data, mode)
 
-        monkeypatch.setattr(snap, "write_atomic", full_after_two)
+        monkeypatch.setattr(snap, "write_new", full_after_two)
     try:
         with pytest.raises(ConfigError, match=f"{runs / STORE}: cannot write the code snapshot there"):
             take(repo, runs)
