@@ -174,3 +174,26 @@ def test_bad_snapshot_keys_exit_2_naming_the_key(repo, tmp_path):
     for override, key in (("snapshot.exclude=[/abs]", "snapshot.exclude[0]"), ("snapshot.bogus=1", "snapshot.bogus")):
         result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path}", override, "--dry-run", cwd=repo)
         assert result.returncode == 2 and result.stderr.startswith(f"error: {key}"), result.stderr
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "docker"])
+def test_the_snapshot_is_mounted_read_only_at_its_own_path_in_every_container(runtime, repo, tmp_path):
+    from cluster.launcher.containers import mounts
+    from cluster.plan import make_plan
+    from cluster.request import make_request
+    from cluster.spec import JobSpec
+    from train.config import build
+
+    code = take(repo, tmp_path / "runs")
+    container = {"image": "kit:test", **({"runtime": runtime} if runtime != "docker" else {})}
+    cluster = "docker" if runtime == "docker" else "slurm"
+    spec = build(JobSpec, {"cluster": cluster, "container": container, "program": {"script": str(repo / "main.py")}})
+    request = make_request(spec, make_plan(spec), "python", code=code)
+    command = " ".join(request.steps[0].command)
+    assert f"--script={code.tree}/main.py" in command and f"--code={repo}={code.tree}" in command
+    if runtime == "pyxis":
+        assert f"--container-mounts={code.tree}:{code.tree}:ro" in request.srun
+    elif runtime == "apptainer":
+        assert f"--bind={code.tree}:{code.tree}:ro" in request.steps[0].command
+    else:
+        assert mounts(request, tmp_path / "job", str(tmp_path))[code.tree] == {"bind": code.tree, "mode": "ro"}
