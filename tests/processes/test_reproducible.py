@@ -152,3 +152,20 @@ def test_modules_functions_and_torchruns_workers_import_the_snapshot(program, tm
     tree = Job.attach(job_dir).provenance()["code"]["tree"]
     main_file, helper_file = line.split(" code ")[1].split()
     assert (main_file, helper_file) == (f"{tree}/pkg/main.py", f"{tree}/pkg/helper.py")
+
+
+def test_jobs_cnn_yaml_as_it_is_reads_its_code_from_the_snapshot_and_writes_where_its_paths_point(kit):
+    """Relative paths mean what they meant at submission: the ranks' working directory is the
+    submission directory, so the shipped spec's ``--ckpt runs/cnn/checkpoint.pt`` and its
+    default ``log_dir: runs`` land there; only the script is the snapshot's."""
+    root, _ = kit
+    local = ["cluster=local", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]  # the spec's own example
+    result = run_module("cluster", "submit", "jobs/cnn.yaml", *local, "--json", "--wait", cwd=root,
+                        env={"PYTHONPATH": ""}, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    job_dir = root / "runs" / "cnn" / json.loads(result.stdout.splitlines()[0])["job_id"]
+    tree = Job.attach(job_dir).provenance()["code"]["tree"]
+    assert f"script {tree}/jobs/train_cnn.py --steps 400 --ckpt runs/cnn/checkpoint.pt" in (
+        job_dir / "rank_00000.log"
+    ).read_text()
+    assert (root / "runs" / "cnn" / "checkpoint.pt").is_file() and not (Path(tree) / "runs").exists()
