@@ -165,7 +165,8 @@ def test_jobs_cnn_yaml_as_it_is_reads_its_code_from_the_snapshot_and_writes_wher
     assert result.returncode == 0, result.stderr
     job_dir = root / "runs" / "cnn" / json.loads(result.stdout.splitlines()[0])["job_id"]
     tree = Job.attach(job_dir).provenance()["code"]["tree"]
-    assert f"script {tree}/jobs/train_cnn.py --steps 400 --ckpt runs/cnn/checkpoint.pt" in (
-        job_dir / "rank_00000.log"
-    ).read_text()
+    assert (
+        f"script {tree}/jobs/train_cnn.py --steps 400 --ckpt runs/cnn/checkpoint.pt"
+        in (job_dir / "rank_00000.log").read_text()
+    )
     assert (root / "runs" / "cnn" / "checkpoint.pt").is_file() and not (Path(tree) / "runs").exists()
