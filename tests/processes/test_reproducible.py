@@ -101,6 +101,9 @@ def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(
     text = run_module("cluster", "diff", str(job_a), str(job_b), cwd=root).stdout
     print(text)
     assert "optim.lr: 0.1 -> 0.05" in text and "metrics.test_loss:" in text and "packages: the same" in text
+    now = run_module("cluster", "diff", str(job_a), "--stat", cwd=root)  # against the working tree now
+    assert now.returncode == 0, now.stderr
+    assert "code: 1 file(s) differ\n  modified train/loop.py  +1 -1\npackages: the same" in now.stdout
     line = run_module("cluster", "logs", str(job_b), cwd=root).stdout.splitlines()
     assert any(x.startswith("code ") and "+ 1 changed file (snapshot " in x and "+ 7 overrides" in x for x in line), (
         line
@@ -120,6 +123,11 @@ def test_rerun_of_a_finished_job_gives_the_same_final_loss_from_its_own_code(kit
     same = json.loads(run_module("cluster", "diff", str(job_a), str(again.job_dir), "--json").stdout)
     assert same["code"]["same"] and same["spec"] == {} and same["outcome"] == {}
     assert again.provenance()["rerun_of"] == str(job_a)
+    other = Job.attach(job_a).rerun("optim.lr=0.05")  # the Python API's twin, an override on top
+    other.wait(timeout=300)
+    assert json.loads(run_module("cluster", "diff", str(job_a), str(other.job_dir), "--json").stdout)["spec"] == {
+        "optim.lr": [0.1, 0.05]
+    }
 
 
 WHERE = """\
