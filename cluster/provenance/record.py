@@ -13,6 +13,7 @@ records and ``attempts.jsonl`` (``ran_on``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -45,11 +46,17 @@ def image_of(spec: JobSpec) -> dict | None:
             "digest": digest}  # fmt: skip
 
 
+@functools.cache
+def packages_now() -> dict[str, str]:
+    """This process's installed packages, read once: a sweep's 1,000-task array records them per task."""
+    return installed_packages()
+
+
 def provenance_files(
     spec: JobSpec, code: Snapshot | None, source: str = "", overrides: list[str] = (), rerun_of: str = ""
 ) -> dict[str, str]:
     """The files that record what the job is made of, by name."""
-    packages = installed_packages()
+    packages = packages_now()
     listing = "".join(f"{name}=={version}\n" for name, version in packages.items())
     code_json = {k: v for k, v in code.to_json().items() if k != "diff"} if code else None
     record = {
