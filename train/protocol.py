@@ -339,7 +339,8 @@ def installed_packages() -> dict[str, str]:
 
 
 def runtime_versions(packages: dict[str, str] | None = None) -> dict[str, str | None]:
-    """Python, torch, CUDA, NCCL and the kit, as installed where this runs (a node, an image):
+    """Python, torch, CUDA, NCCL and the kit (its version and where it was imported from: the
+    job's code snapshot, an image, site-packages), as installed where this runs (a node, an image):
     CUDA and NCCL from the wheels torch ships them in, else from torch's own ``+cuXYZ`` tag."""
     packages = installed_packages() if packages is None else packages
     torch = packages.get("torch")
@@ -352,4 +353,5 @@ def runtime_versions(packages: dict[str, str] | None = None) -> dict[str, str | 
         "cuda": cuda,
         "nccl": next((v for k, v in packages.items() if k.startswith("nvidia-nccl")), None),
         "kit": packages.get("torch-cluster-kit"),
+        "kit_path": str(Path(__file__).resolve().parent.parent),  # where this rank's kit was imported from
     }

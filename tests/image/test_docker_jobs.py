@@ -59,6 +59,9 @@ def test_two_node_containers_train_to_the_end_as_planned(image, tmp_path):
         env = next(r for r in read_records(job_dir / f"rank_{slot['rank']:05d}.jsonl") if r["event"] == "start")["env"]
         assert (env["rank"], env["host"], env["node_rank"], env["local_rank"], env["world_size"]) == (
             slot["rank"], slot["host"], slot["node"], slot["local_rank"], 4)  # fmt: skip
+    tree = report["provenance"]["code"]["tree"]  # the code snapshot, mounted read-only in every container
+    assert {a["versions"]["kit_path"] for a in report["provenance"]["attempts"]} == {tree}
+    assert sorted(report["provenance"]["attempts"][0]["nodes"]) == ["node0", "node1"]
     assert leftovers(job_dir) == []
 
 
@@ -125,6 +128,8 @@ def test_your_own_script_runs_in_the_node_containers_under_torchrun_after_prefli
     code, report = logs_json(job_dir)
     assert code.returncode == 0 and [r["last_step"] for r in report["ranks"]] == [30] * 4
     assert [r["host"] for r in report["ranks"]] == ["node0", "node0", "node1", "node1"]
+    tree = report["provenance"]["code"]["tree"]
+    assert f"script {tree}/jobs/train_cnn.py --steps 30" in (job_dir / "rank_00003.log").read_text()
     assert "preflight OK" in (job_dir / "preflight_00000.log").read_text()
     assert (job_dir / "node_00001.log").exists() and leftovers(job_dir) == []
 
