@@ -86,11 +86,13 @@ def fall_back(alive: int, reads: list[int], targets: list[int]) -> None:
         return
     for read in reads:
         os.set_blocking(read, False)
+    # The note first: every line after it is unstamped (what the stamper left in the pipes,
+    # what the rank writes once its descriptors go straight to the log), every line before it stamped.
+    os.write(targets[1], f"\n{stamp()}{STAMPER_GONE} (it exited with {_stamper.poll()})\n".encode())
     copy_pipes(reads, targets)  # what was written before, first
     for fd, target in zip((1, 2), targets):
         os.dup2(target, fd)
     copy_pipes(reads, targets)  # and what came while it was copied
-    os.write(2, f"\n{stamp()}{STAMPER_GONE} (it exited with {_stamper.poll()})\n".encode())
     unstamped.set()
     pipes = dict(zip(reads, targets))
     while pipes:  # children forked before still write into the pipes

@@ -120,10 +120,12 @@ def exit_code(exc: SystemExit) -> int:
 
 
 def in_snapshot(entry: str, root: str, tree: str) -> str:
-    """A path entry inside the project, as the snapshot has it; any other unchanged."""
+    """A path entry inside the project, as the snapshot has it; any other unchanged, and so is
+    one the snapshot left out (a virtual environment inside the project: its site-packages)."""
     path = os.path.realpath(entry or ".")
     if path == root or path.startswith(root + os.sep):
-        return tree + path[len(root) :]
+        mapped = tree + path[len(root) :]
+        return mapped if os.path.isdir(mapped) else entry
     return entry
 
 

@@ -197,3 +197,15 @@ def test_the_snapshot_is_mounted_read_only_at_its_own_path_in_every_container(ru
         assert f"--bind={code.tree}:{code.tree}:ro" in request.steps[0].command
     else:
         assert mounts(request, tmp_path / "job", str(tmp_path))[code.tree] == {"bind": code.tree, "mode": "ro"}
+
+
+def test_the_shim_imports_the_projects_code_from_the_snapshot_and_the_rest_where_it_is(repo, tmp_path):
+    from train.shim import in_snapshot
+
+    (repo / ".venv/lib/site-packages").mkdir(parents=True)  # a virtual environment inside the project
+    code = take(repo, tmp_path / "runs")
+    root, tree = str(repo), code.tree
+    assert in_snapshot(str(repo / "lib"), root, tree) == f"{tree}/lib"
+    assert in_snapshot(str(repo), root, tree) == tree
+    assert in_snapshot(str(repo / ".venv/lib/site-packages"), root, tree) == str(repo / ".venv/lib/site-packages")
+    assert in_snapshot("/usr/lib/python3", root, tree) == "/usr/lib/python3"
