@@ -1,7 +1,7 @@
 #!/bin/bash
 # What `make test` needs beyond the venv, on a fresh machine: SLURM (the minicluster tier),
-# the Docker Engine (cluster=docker and the image tier; podman is the CLI fallback) and
-# debootstrap (the local base image). Installs them with apt-get as root and starts the
+# the Docker Engine (cluster=docker and the image tier; podman is the CLI fallback),
+# debootstrap (the local base image) and git (work trees for the code snapshot's tests). Installs them with apt-get as root and starts the
 # minicluster and dockerd; elsewhere it says which tiers will skip and how to enable them.
 # Idempotent: a second run installs nothing and finds the cluster up.
 set -euo pipefail
@@ -15,6 +15,7 @@ command -v podman >/dev/null || need+=(podman)
 command -v runc >/dev/null || need+=(runc)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v dockerd >/dev/null || need+=(docker.io)
+command -v git >/dev/null || need+=(git)  # the code snapshot's tests make git work trees
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "provision: installing ${need[*]} (apt-get)"
@@ -22,7 +23,7 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   else
     echo "provision: missing ${need[*]}: the SLURM and image tiers will skip." >&2
-    echo "provision: as root: apt-get install -y slurm-wlm munge podman runc debootstrap docker.io" >&2
+    echo "provision: as root: apt-get install -y slurm-wlm munge podman runc debootstrap docker.io git" >&2
   fi
 fi
 # Started before the suite: scontrol needs a slurm.conf even to expand host lists.
