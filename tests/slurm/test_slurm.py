@@ -481,8 +481,9 @@ def test_requeued_job_resumes_bitwise(how, tmp_path, uninterrupted):
 def test_a_requeued_job_runs_the_code_it_was_submitted_with_though_its_script_was_edited(tmp_path):
     """Issue 50: the script is edited after submission; ``scontrol requeue``'s second attempt
     runs the submitted code from the job's snapshot, and its log says so."""
-    repo, go = make_repo(tmp_path / "repo", {"main.py": SCRIPT}), tmp_path / "go"
-    (repo / "job.yaml").write_text(f"name: versioned\nprogram:\n  script: main.py\n  args: ['{go}', '0.1']\n")
+    go = tmp_path / "go"
+    spec = f"name: versioned\nprogram:\n  script: main.py\n  args: ['{go}', '0.1']\n"
+    repo = make_repo(tmp_path / "repo", {"main.py": SCRIPT, "job.yaml": spec})  # committed: a clean snapshot
     result = run_module("cluster", "submit", "job.yaml", f"log_dir={tmp_path / 'runs'}", "--json", *FIT,
                         "requeue=true", cwd=repo)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -500,7 +501,8 @@ def test_a_requeued_job_runs_the_code_it_was_submitted_with_though_its_script_wa
     second = (job_dir / "rank_00000.attempt1.log").read_text()
     assert "version one" in second and "version two" not in second and "loss=0.89999" in second  # float32's 0.9
     _, report = logs_json(job_dir)
-    assert report["provenance"]["code"]["git"]["dirty"] is False and report["ranks"][0]["attempts"] == 2
+    assert report["provenance"]["code"]["git"]["dirty"] is False  # what was submitted: the edit came after
+    assert report["ranks"][0]["attempts"] == 2, report["ranks"]
 
 
 # ----------------------------------------------------------------------------- restarts
