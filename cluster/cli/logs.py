@@ -96,7 +96,9 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
         from cluster.goodput.advice import format_advice, goodput_advice, gpu_hour_price
 
         advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args), gpu_hour_price(job_dir)
-    record = provenance(job_dir)
+    # The text shows one line of the record: each rank's start records, which the JSON's
+    # attempts are read from, are read only for the JSON.
+    record = provenance(job_dir, nodes=args.json)
     if args.json:
         pieces = report_json(report)
         extra = {"provenance": record}  # more keys, before the closing brace
