@@ -55,9 +55,10 @@ class Sweep:
         for each point (a point's own arguments are added to it)."""
         return pickle.loads((self.path / FUNCTION).read_bytes())
 
-    def code(self) -> Snapshot | None:
-        """The code snapshot every point runs, taken when the sweep was created."""
-        code = self.config().get("code")
+    def code(self, config: dict | None = None) -> Snapshot | None:
+        """The code snapshot every point runs, taken when the sweep was created (``config``:
+        sweep.json, where the caller has read it)."""
+        code = (config or self.config()).get("code")
         return Snapshot.from_json(code) if code else None
 
     def point_dir(self, index: int) -> Path:

@@ -240,7 +240,7 @@ def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> s
     if isinstance(backend, Arrays) and "function" not in config:  # a function's points: one job each
         # sweep.json read once: a point's overrides from it, not a read of it per point
         overrides = [point_overrides(config["fixed"], config["points"][i], sweep.path, i) for i in indices]
-        jobs = submissions(config["job"], overrides, backend, sweep.code(), record=True)
+        jobs = submissions(config["job"], overrides, backend, sweep.code(config), record=True)
         if (script := backend.array_script(jobs, indices, limit, sweep.path)) is not None:
             (sweep.path / ARRAY_SCRIPT).write_text(script)  # the latest array, for the curious
             for index, job_dir in zip(indices, backend.submit_array(jobs, indices, limit, sweep.path)):

@@ -30,11 +30,13 @@ def submit_point(sweep: Sweep, config: dict, index: int) -> Job:
     with the point's other overrides; its code the sweep's snapshot."""
     if "function" not in config:
         overrides = sweep.overrides(index)
-        return Job(submit(*load_spec(config["job"], overrides), config["job"], overrides=overrides, code=sweep.code()))
+        return Job(
+            submit(*load_spec(config["job"], overrides), config["job"], overrides=overrides, code=sweep.code(config))
+        )
     kwargs, overrides = split_point(sweep.overrides(index), config["function"]["arguments"])
     delayed = sweep.function()
     delayed.kwargs.update(kwargs)
-    return submit_function(delayed, config["job"] or None, overrides, code=sweep.code())
+    return submit_function(delayed, config["job"] or None, overrides, code=sweep.code(config))
 
 
 def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
