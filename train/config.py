@@ -69,6 +69,10 @@ class DataConfig:
     # small enough that the task takes a few hundred steps, large enough to reach >90%.
     separation: float = 0.2
     seed: int = 0
+    # Where the data set lives on a GPU rank (train/loader.py): "device" (drawn there, batches
+    # gathered there), "host" (batches gathered ahead by a thread into pinned buffers and copied
+    # on a side stream) or "auto": the device when the set takes at most a quarter of its memory.
+    placement: Literal["auto", "device", "host"] = "auto"
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "train_size", "test_size")
@@ -98,7 +102,13 @@ class TrainConfig:
     # micro-steps: changing the rank count or grad_accum leaves the mathematics unchanged.
     batch_size: int = 64
     grad_accum: int = 1
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    # fp32; bf16 and fp16: fp32 parameters, matmuls under autocast (fp16 with a GradScaler);
+    # bf16_params: parameters, gradients, optimizer state and the data set in bf16, no autocast
+    # (half the memory and no per-step weight casts; see docs/training.md).
+    precision: Literal["fp32", "bf16", "fp16", "bf16_params"] = "fp32"
+    # torch.compile of the model (strategies single and ddp): off by default, its first steps
+    # pay the compilation.
+    compile: bool = False
     seed: int = 0
     log_every: int = 100
     eval_every: int = 100
@@ -125,6 +135,9 @@ class TrainConfig:
     # TORCH_DISTRIBUTED_DEBUG=DETAIL on every rank: collectives are checked for matching
     # shapes and a monitored barrier names ranks that never arrive (slow; for debugging).
     debug_collectives: bool = False
+    # On CUDA: raise on any host-device synchronisation in the steady-state steps (all but the
+    # first; not at log, eval and checkpoint steps), torch.cuda.set_sync_debug_mode("error").
+    sync_debug: bool = False
     # A loss that turns nan or inf stops the run at the next log interval (the step, the rank
     # and the last finite loss in the error) instead of training on nonsense to the end.
     stop_on_nonfinite: bool = True

@@ -14,6 +14,12 @@ import torch
 from train.config import ConfigError, DataConfig, ModelConfig, check_batch_split
 
 
+# On a GPU the data set is drawn in chunks of this many rows, so that one drawn for the host
+# (too large for the device) never needs the whole of it on the device, and the same seed
+# gives the same numbers whichever memory keeps it. On the CPU, one draw (as ever).
+CUDA_CHUNK_ROWS = 4096
+
+
 @dataclass
 class Dataset:
     x_train: torch.Tensor
@@ -21,14 +27,42 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.x_train, self.y_train, self.x_test, self.y_test))
 
-def make_dataset(data: DataConfig, model: ModelConfig) -> Dataset:
-    g = torch.Generator().manual_seed(data.seed)
-    centres = torch.randn(model.n_classes, model.dim_in, generator=g) * data.separation
+
+def dataset_bytes(data: DataConfig, model: ModelConfig, dtype: torch.dtype | None = None) -> int:
+    """What :func:`make_dataset` will hold, known before drawing it (where to keep it)."""
+    rows = data.train_size + data.test_size
+    dtype = dtype or torch.get_default_dtype()
+    return rows * (model.dim_in * dtype.itemsize + torch.int64.itemsize)
+
+
+def make_dataset(
+    data: DataConfig,
+    model: ModelConfig,
+    device: torch.device | str = "cpu",
+    store: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Dataset:
+    """Drawn on ``device`` by its own generator from ``data.seed``, kept on ``store`` (default:
+    ``device``) as ``dtype`` (default: torch's). Bitwise the same on every rank of one device type; a GPU's
+    generator draws other numbers than the CPU's (as it does for the model's weights)."""
+    device = torch.device(device)
+    store = device if store is None else torch.device(store)
+    g = torch.Generator(device=device).manual_seed(data.seed)
+    centres = torch.randn(model.n_classes, model.dim_in, generator=g, device=device) * data.separation
+    chunk = CUDA_CHUNK_ROWS if device.type == "cuda" else max(data.train_size, data.test_size)
 
     def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        y = torch.randint(model.n_classes, (n,), generator=g)
-        x = centres[y] + torch.randn(n, model.dim_in, generator=g)
+        x = torch.empty(n, model.dim_in, dtype=dtype or torch.get_default_dtype(), device=store)
+        y = torch.empty(n, dtype=torch.long, device=store)
+        for start in range(0, n, chunk):
+            rows = min(chunk, n - start)
+            labels = torch.randint(model.n_classes, (rows,), generator=g, device=device)
+            x[start : start + rows] = centres[labels] + torch.randn(rows, model.dim_in, generator=g, device=device)
+            y[start : start + rows] = labels
         return x, y
 
     x_train, y_train = sample(data.train_size)
@@ -45,9 +79,22 @@ class ShardedSampler:
     slice and rank ``r`` every ``dp_size``-th index of that, starting at ``r``. Hence the
     union over ranks and micro-steps is exactly the single-process batch, which is what
     makes every data-parallel strategy comparable to one process.
+
+    The permutation is drawn on the CPU (the same indices on every device); with ``device``
+    it is copied there once per epoch, from pinned memory without waiting, so that a loader
+    whose data lives on the device gathers each batch there with no host synchronisation.
     """
 
-    def __init__(self, n: int, batch_size: int, seed: int, dp_rank: int = 0, dp_size: int = 1, accum: int = 1):
+    def __init__(
+        self,
+        n: int,
+        batch_size: int,
+        seed: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        accum: int = 1,
+        device: torch.device | str = "cpu",
+    ):
         check_batch_split(batch_size, dp_size, accum)
         if batch_size > n:
             raise ConfigError("train.batch_size", f"{batch_size} exceeds data.train_size={n}")
@@ -55,50 +102,19 @@ class ShardedSampler:
         self.dp_rank, self.dp_size, self.accum = dp_rank, dp_size, accum
         self.steps_per_epoch = n // batch_size
         self.micro = batch_size // accum
+        self.device = torch.device(device)
         self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
 
     def permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._epoch, self._perm = epoch, torch.randperm(self.n, generator=g)
+            perm = torch.randperm(self.n, generator=g)
+            if self.device.type == "cuda":
+                perm = perm.pin_memory().to(self.device, non_blocking=True)
+            self._epoch, self._perm = epoch, perm
         return self._perm
 
     def indices(self, step: int, micro: int = 0) -> torch.Tensor:
         epoch, pos = divmod(step, self.steps_per_epoch)
         start = pos * self.batch_size + micro * self.micro
         return self.permutation(epoch)[start + self.dp_rank : start + self.micro : self.dp_size]
-
-
-class BatchLoader:
-    """Gathers batches on the host and moves them to the device.
-
-    On CUDA the gather goes into pinned staging buffers and the copy is ``non_blocking``;
-    an event per buffer stops the host from refilling a buffer whose copy is still in
-    flight, without any per-step synchronisation of the whole device.
-    """
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device, rows: int):
-        self.x, self.y, self.device = x, y, device
-        self.pinned = device.type == "cuda"
-        if self.pinned:
-            self.buffers = [
-                (torch.empty(rows, x.shape[1], pin_memory=True), torch.empty(rows, dtype=y.dtype, pin_memory=True))
-                for _ in range(2)
-            ]
-            self.events = [None, None]
-            self.turn = 0
-
-    def get(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.pinned:
-            return self.x.index_select(0, idx), self.y.index_select(0, idx)
-        slot, self.turn = self.turn, 1 - self.turn
-        if self.events[slot] is not None:
-            self.events[slot].synchronize()
-        bx, by = (b[: len(idx)] for b in self.buffers[slot])
-        torch.index_select(self.x, 0, idx, out=bx)
-        torch.index_select(self.y, 0, idx, out=by)
-        xd = bx.to(self.device, non_blocking=True)
-        yd = by.to(self.device, non_blocking=True)
-        self.events[slot] = torch.cuda.Event()
-        self.events[slot].record()
-        return xd, yd

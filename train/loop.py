@@ -15,10 +15,11 @@ from torch import nn
 
 from train import checkpoint, faults
 from train.config import Config, ConfigError, to_dict
-from train.data import BatchLoader, ShardedSampler, make_dataset
+from train.data import ShardedSampler, dataset_bytes, make_dataset
 from train.dist_env import DistEnv
 from train.errors import NonFiniteLoss
 from train.hangs import StallWatchdog
+from train.loader import make_loader, placement
 from train.model import build_mlp, parameter_count
 from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
@@ -33,9 +34,23 @@ def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
     return autocast_context(cfg.train.precision, device) if trainable.autocast else contextlib.nullcontext
 
 
+# train.precision -> the dtype of the parameters, gradients, optimizer state and data set.
+PARAM_DTYPE = {"bf16_params": torch.bfloat16}
+# The strategies train.compile applies to: a module whose forward is the whole model on this
+# rank (pipeline stages, sharded and hand-synchronised models are left eager).
+COMPILABLE = ("single", "ddp")
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    """The parameters' dtype: bf16 for bf16_params, else torch's default (float32; the
+    equivalence tests' float64)."""
+    return PARAM_DTYPE.get(precision, torch.get_default_dtype())
+
+
 def autocast_context(precision: str, device: torch.device):
-    """A factory of the autocast context of ``train.precision`` on ``device`` (none for fp32)."""
-    if precision == "fp32":
+    """A factory of the autocast context of ``train.precision`` on ``device`` (none for fp32
+    and for bf16 parameters, which need no casts)."""
+    if precision in ("fp32", "bf16_params"):
         return contextlib.nullcontext
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return lambda: torch.autocast(device.type, dtype=dtype)
@@ -45,6 +60,11 @@ def check_supported(cfg: Config, device: torch.device) -> None:
     """Combinations that cannot work here: exit 2 on every rank, before training."""
     if cfg.train.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision", "fp16 (with a GradScaler) needs CUDA; use bf16 on the CPU")
+    if cfg.train.compile and (cfg.parallel.strategy not in COMPILABLE or (cfg.parallel.tp or 1) > 1):
+        raise ConfigError(
+            "train.compile",
+            f"applies to parallel.strategy {' or '.join(COMPILABLE)} without tp, not {cfg.parallel.strategy}",
+        )
     if cfg.train.debug_collectives and cfg.parallel.strategy == "ddp" and device.type == "cpu":
         raise ConfigError(
             "train.debug_collectives",
@@ -60,8 +80,11 @@ def setup(cfg: Config, env: DistEnv) -> tuple[Trainable, Context]:
     dims = resolve_dims(cfg.parallel, cfg.model, env.world_size, env.local_world_size)
     ctx = Context(cfg, env, device, dims, dims.build_mesh(device.type))
     torch.manual_seed(cfg.train.seed)
-    model = build_mlp(cfg.model, cfg.train.seed)
-    return STRATEGIES[cfg.parallel.strategy](model, ctx), ctx
+    model = build_mlp(cfg.model, cfg.train.seed, device).to(param_dtype(cfg.train.precision))
+    trainable = STRATEGIES[cfg.parallel.strategy](model, ctx)
+    if cfg.train.compile:  # the training forward only: evaluation stays eager (other shapes)
+        trainable.model = torch.compile(trainable.model)
+    return trainable, ctx
 
 
 def check_replicas(trainable: Trainable, step: int) -> None:
@@ -138,9 +161,12 @@ def run(cfg: Config, env: DistEnv, quiet: bool = False) -> dict:
 def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: bool = False) -> dict:
     t = cfg.train
     coords = ctx.dims.coords(env.rank)
-    data = make_dataset(cfg.data, cfg.model)
-    sampler = ShardedSampler(len(data.x_train), t.batch_size, t.seed, coords["dp"], ctx.dims.dp, t.grad_accum)
-    loader = BatchLoader(data.x_train, data.y_train, ctx.device, sampler.micro // ctx.dims.dp)
+    dtype = param_dtype(t.precision)
+    where = placement(cfg.data.placement, dataset_bytes(cfg.data, cfg.model, dtype), ctx.device)
+    store = ctx.device if where == "device" else torch.device("cpu")
+    data = make_dataset(cfg.data, cfg.model, ctx.device, store, dtype)
+    sampler = ShardedSampler(len(data.x_train), t.batch_size, t.seed, coords["dp"], ctx.dims.dp, t.grad_accum, store)
+    loader = make_loader(data, sampler, ctx.device, where)
     x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
     model, optimizer = trainable.model, trainable.optimizer
     autocast = autocast_for(cfg, ctx.device, trainable)
@@ -150,7 +176,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
 
     def forward_backward(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
         with autocast():
-            loss = nn.functional.cross_entropy(model(x), y)
+            loss = nn.functional.cross_entropy(model(x).float(), y)
         scaled = loss * scale if scale != 1.0 else loss
         (scaler.scale(scaled) if scaler else scaled).backward()
         return loss.detach()
@@ -196,6 +222,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
     watchdog = StallWatchdog(t.stall_timeout_s)  # from the first step: until then, the start-up limit
     step = start
+    batches = loader.batches(start, t.steps)
 
     def save(step: int) -> None:
         """A checkpoint of a finite state only: ``latest`` never points at nan or inf."""
@@ -215,19 +242,20 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
 
     try:
         for step in range(start + 1, t.steps + 1):
-            faults.inject(t, step, env.rank, ctx.device, env.restart)
-            for micro in range(t.grad_accum):
-                x, y = loader.get(sampler.indices(step - 1, micro))
-                inner = micro < t.grad_accum - 1
-                with trainable.no_sync() if inner else contextlib.nullcontext():
-                    progress.add(fb(x, y, scale))
-            trainable.finish_grads()
-            if scaler:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            trainable.after_step(step)
+            with steady_state(ctx.device, t.sync_debug and step > start + 1):
+                faults.inject(t, step, env.rank, ctx.device, env.restart)
+                for micro in range(t.grad_accum):
+                    x, y = next(batches)
+                    inner = micro < t.grad_accum - 1
+                    with trainable.no_sync() if inner else contextlib.nullcontext():
+                        progress.add(fb(x, y, scale))
+                trainable.finish_grads()
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                trainable.after_step(step)
             if memory is None:  # gradients and optimizer state all exist now
                 memory = state_bytes(trainable)
             optimizer.zero_grad(set_to_none=True)
@@ -275,8 +303,22 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         raise
     finally:
         watchdog.stop()
+        loader.close()
         writer.close()
     return record
+
+
+@contextlib.contextmanager
+def steady_state(device: torch.device, debug: bool):
+    """train.sync_debug: any host-device synchronisation in this block raises (CUDA only)."""
+    if not debug or device.type != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 def state_is_finite(progress: Progress, trainable: Trainable, distributed: bool) -> bool:

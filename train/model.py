@@ -14,16 +14,22 @@ def layer_dims(cfg: ModelConfig) -> list[tuple[int, int]]:
     return list(zip(sizes[:-1], sizes[1:]))
 
 
-def build_mlp(cfg: ModelConfig, seed: int) -> nn.Sequential:
+def build_mlp(cfg: ModelConfig, seed: int, device: torch.device | str = "cpu") -> nn.Sequential:
     """Deterministic from ``seed``: every rank builds bitwise the same initial weights.
+
+    Built where it will train: the layers are made without storage (``meta``), given it on
+    ``device`` and drawn there by ``device``'s own generator, so a GPU rank neither draws
+    nn.Linear's default init only to overwrite it nor draws on the CPU and copies. A GPU's
+    generator draws other numbers than the CPU's (the same on every rank of one GPU model).
 
     A flat ``nn.Sequential`` (Linear at even indices, ReLU at odd ones) so that strategies
     can address layers by index: pipeline cuts, tensor-parallel plans, FSDP units.
     """
-    generator = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
     layers: list[nn.Module] = []
     for i, (d_in, d_out) in enumerate(layer_dims(cfg)):
-        linear = nn.Linear(d_in, d_out)
+        linear = nn.Linear(d_in, d_out, device="meta").to_empty(device=device)
         bound = d_in**-0.5  # nn.Linear's default init, drawn from our generator
         with torch.no_grad():
             linear.weight.uniform_(-bound, bound, generator=generator)

@@ -17,7 +17,7 @@ def settle_buckets(ddp: DistributedDataParallel, model: nn.Module, ctx: Context)
     than 2 ranks that changes the order in which the ring all_reduce adds the ranks' values,
     and resume is no longer bitwise (measured: 2.2e-8 after 20 steps on 4 ranks).
     """
-    x = torch.zeros(1, ctx.cfg.model.dim_in, device=ctx.device)
+    x = torch.zeros(1, ctx.cfg.model.dim_in, device=ctx.device, dtype=next(model.parameters()).dtype)
     ddp(x).sum().backward()
     model.zero_grad(set_to_none=True)
 
