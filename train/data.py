@@ -13,7 +13,6 @@ import torch
 
 from train.config import ConfigError, DataConfig, ModelConfig, check_batch_split
 
-
 # On a GPU the data set is drawn in chunks of this many rows, so that one drawn for the host
 # (too large for the device) never needs the whole of it on the device, and the same seed
 # gives the same numbers whichever memory keeps it. On the CPU, one draw (as ever).

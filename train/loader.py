@@ -146,6 +146,8 @@ class StagedLoader:
             self.thread.join()
 
 
-def make_loader(data: Dataset, sampler: ShardedSampler, device: torch.device, where: str) -> ResidentLoader | StagedLoader:
+def make_loader(
+    data: Dataset, sampler: ShardedSampler, device: torch.device, where: str
+) -> ResidentLoader | StagedLoader:
     """The loader for where :func:`placement` put ``data``: on the device, or on the host."""
     return ResidentLoader(data, sampler) if where == "device" else StagedLoader(data, sampler, device)

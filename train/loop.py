@@ -15,7 +15,7 @@ from torch import nn
 
 from train import checkpoint, faults
 from train.config import Config, ConfigError, to_dict
-from train.data import ShardedSampler, dataset_bytes, make_dataset
+from train.data import Dataset, ShardedSampler, dataset_bytes, make_dataset
 from train.dist_env import DistEnv
 from train.errors import NonFiniteLoss
 from train.hangs import StallWatchdog
@@ -85,6 +85,14 @@ def setup(cfg: Config, env: DistEnv) -> tuple[Trainable, Context]:
     if cfg.train.compile:  # the training forward only: evaluation stays eager (other shapes)
         trainable.model = torch.compile(trainable.model)
     return trainable, ctx
+
+
+def training_data(cfg: Config, device: torch.device) -> tuple[Dataset, str]:
+    """The data set, drawn on ``device`` and kept where ``data.placement`` says (and that place)."""
+    dtype = param_dtype(cfg.train.precision)
+    where = placement(cfg.data.placement, dataset_bytes(cfg.data, cfg.model, dtype), device)
+    store = device if where == "device" else torch.device("cpu")
+    return make_dataset(cfg.data, cfg.model, device, store, dtype), where
 
 
 def check_replicas(trainable: Trainable, step: int) -> None:
@@ -161,11 +169,10 @@ def run(cfg: Config, env: DistEnv, quiet: bool = False) -> dict:
 def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: bool = False) -> dict:
     t = cfg.train
     coords = ctx.dims.coords(env.rank)
-    dtype = param_dtype(t.precision)
-    where = placement(cfg.data.placement, dataset_bytes(cfg.data, cfg.model, dtype), ctx.device)
-    store = ctx.device if where == "device" else torch.device("cpu")
-    data = make_dataset(cfg.data, cfg.model, ctx.device, store, dtype)
-    sampler = ShardedSampler(len(data.x_train), t.batch_size, t.seed, coords["dp"], ctx.dims.dp, t.grad_accum, store)
+    data, where = training_data(cfg, ctx.device)
+    sampler = ShardedSampler(
+        len(data.x_train), t.batch_size, t.seed, coords["dp"], ctx.dims.dp, t.grad_accum, data.x_train.device
+    )
     loader = make_loader(data, sampler, ctx.device, where)
     x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
     model, optimizer = trainable.model, trainable.optimizer

@@ -8,7 +8,9 @@ import torch
 import torch.distributed as dist
 
 from tests.conftest import run_module
+from tests.support.dist_worker import probe_init
 from tests.support.strategies import ATOL, BASE, max_diff, run_strategy, single_params, trained_params
+from train.config import Config, load
 from train.dist_env import DistEnv, init_process_group
 
 pytestmark = pytest.mark.slow
@@ -92,3 +94,28 @@ def test_python_m_train_runs_a_distributed_strategy_alone(tmp_path):
     result = run_module("train", "parallel.strategy=fsdp", *BASE, f"train.run_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 20/20" in result.stdout
+
+
+def test_every_ranks_initial_weights_and_data_are_bitwise_equal(tmp_path):
+    """Four ranks build the model and the data set from the seed where they train (here the CPU;
+    the gpu tier does the same on CUDA), before a strategy could broadcast rank 0's: the same
+    bytes on every rank, and the same as this process builds."""
+    _, probes, _ = run_strategy(tmp_path, 4, "parallel.strategy=param_avg", flags=["--probe-init"])
+    mine = probe_init(load(Config, None, BASE), DistEnv())
+    assert [(p["weights_sha256"], p["data_sha256"]) for p in probes] == [
+        (mine["weights_sha256"], mine["data_sha256"])
+    ] * 4
+
+
+def test_bf16_parameters_under_ddp_match_one_process_with_bf16_parameters(tmp_path, reference):
+    """bf16 parameters and gradients, all-reduced in bf16 over gloo: each rank's half-batch
+    gradient is rounded to bf16 before the sum, one process's whole-batch gradient once, so the
+    two runs differ by bf16 rounding compounded over the steps. As for autocast, the bound is
+    bf16's own effect e = |one process bf16 parameters - one process fp32|: within 2e of each other."""
+    ref = single_params(tmp_path, "train.precision=bf16_params")
+    params, _, _ = run_strategy(tmp_path, 2, "parallel.strategy=ddp", "train.precision=bf16_params")
+    e = max_diff({k: v.float() for k, v in ref.items()}, reference)
+    d = max_diff({k: v.float() for k, v in params[0].items()}, {k: v.float() for k, v in ref.items()})
+    assert 0 < e < 5e-2, e
+    assert d <= 2 * e, (d, e)
+    assert {v.dtype for v in params[0].values()} == {torch.bfloat16}

@@ -1,6 +1,6 @@
 """Runs on every rank under torchrun for the equivalence tests.
 
-``python -m tests.support.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--float64] key=value ...``:
+``python -m tests.support.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--probe-init] [--float64] key=value ...``:
 trains with the kit's own setup and loop, then saves this rank's full parameters to
 ``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``).
 """
@@ -16,7 +16,8 @@ import torch.distributed as dist
 from train.config import Config, load
 from train.data import ShardedSampler, make_dataset
 from train.dist_env import from_environ, init_process_group
-from train.loop import check_replicas, setup, train
+from train.loop import check_replicas, param_dtype, setup, train, training_data
+from train.model import build_mlp
 from train.output import leave
 from train.parallel.common import full_parameters
 from train.parallel.mesh import needs_process_group
@@ -56,6 +57,21 @@ def probe_replicas(trainable, probe: dict) -> None:
     trainable.after_step = hashed
 
 
+def probe_init(cfg, env) -> dict:
+    """sha256 of the model's initial weights and of the data set as this rank builds them, on its
+    device, before any strategy (DDP would broadcast rank 0's weights and hide a difference)."""
+    model = build_mlp(cfg.model, cfg.train.seed, env.device).to(param_dtype(cfg.train.precision))
+    data, _ = training_data(cfg, torch.device(env.device))
+
+    def digest(tensors) -> str:
+        h = hashlib.sha256()
+        for t in tensors:
+            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    return {"weights_sha256": digest(model.parameters()), "data_sha256": digest(vars(data).values())}
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     flags = [a for a in sys.argv[2:] if a.startswith("--")]
@@ -66,8 +82,8 @@ def main() -> None:
     if needs_process_group(cfg.parallel.strategy, env.world_size):
         init_process_group(env, cfg.train.timeout_s)
     try:
+        probe = probe_init(cfg, env) if "--probe-init" in flags else {}
         trainable, ctx = setup(cfg, env)
-        probe = {}
         if "--probe-grads" in flags:
             probe.update(probe_grads(cfg, env, trainable, ctx))
         if "--probe-replicas" in flags:

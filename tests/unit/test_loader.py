@@ -41,7 +41,9 @@ def test_the_resident_and_the_host_loader_yield_the_samplers_batches(dp_rank, dp
     sampler = ShardedSampler(len(data.x_train), batch, 3, dp_rank, dp_size, accum)
     want = expected(data, sampler, start, steps)
     resident = ResidentLoader(data, ShardedSampler(len(data.x_train), batch, 3, dp_rank, dp_size, accum))
-    staged = StagedLoader(data, ShardedSampler(len(data.x_train), batch, 3, dp_rank, dp_size, accum), torch.device("cpu"))
+    staged = StagedLoader(
+        data, ShardedSampler(len(data.x_train), batch, 3, dp_rank, dp_size, accum), torch.device("cpu")
+    )
     assert batches_equal(list(resident.batches(start, steps)), want)
     assert batches_equal(list(staged.batches(start, steps)), want)
     staged.close()
