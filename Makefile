@@ -40,9 +40,11 @@ test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, 
 test-fast: $(VENV)/.installed  ## unit and golden tests only
 	$(PY) -m pytest -m "not slow and not slurm and not image and not clients"
 
-gpu-check: $(VENV)/.installed  ## on a CUDA machine: the gpu tier and the GPU benchmark (MFU), under 10 minutes on one GPU
+# On a GPU box's own environment (its CUDA torch, no package registry): make gpu-check PY=python3
+# skips the venv; that interpreter needs pytest, pyyaml and orjson (docs/benchmarking.md).
+gpu-check: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)  ## on a CUDA machine: the gpu tier and bench.gpu's table (MFU), under 10 minutes on one GPU
 	$(PY) -m pytest -m gpu -rs -p no:cacheprovider
-	$(PY) -m bench.report --gpu-only --rounds 1
+	$(PY) -m bench.gpu
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

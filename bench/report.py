@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from bench import restart_bench, snapshot_cost
+from bench.gpu import table as gpu_table
 from bench.runs import run_ranks
 from bench.scaling.plot import plot as plot_scaling
 from bench.scaling.report import markdown as scaling_markdown
@@ -33,19 +34,11 @@ from cluster.plan import make_plan
 from cluster.spec import JobSpec
 from cluster.system import minicluster
 from fixtures.synthetic import make_job, make_sweep
-from train.config import as_overrides, load
-from train.model import flops_per_sample
+from train.config import load
 from train.protocol import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-# Dense peak FLOP/s by device name fragment and dtype, for MFU (vendor data sheets, SXM parts).
-PEAK_FLOPS = {
-    "H200": {"bf16": 989e12, "fp32": 67e12},
-    "H100": {"bf16": 989e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362e12, "fp32": 91.6e12},
-}
 # (label, ranks) per table row; "name@tpN" sets parallel.tp=N for that contender.
 STRATEGY_GRID = {
     1: ["single", "model_parallel"],
@@ -64,8 +57,8 @@ def say(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def bench_json(*args: str) -> dict:
-    cmd = [sys.executable, "-m", "bench.strategies", "--json", *args]
+def bench_json(*args: str, module: str = "bench.strategies") -> dict:
+    cmd = [sys.executable, "-m", module, "--json", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if done.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -243,32 +236,11 @@ def first_step_time(job_dir: Path, timeout: float = 180) -> float:
     raise TimeoutError(f"no first step in {job_dir}")
 
 
-def peak_flops(device: str, dtype: str) -> float | None:
-    """The device's dense peak for ``dtype`` (PEAK_FLOPS), None for a GPU it does not know."""
-    return next((v[dtype] for k, v in PEAK_FLOPS.items() if k in device), None)
-
-
-def mfu_rows(runs: list[dict], flops_per_sample: float, device: str, dtype: str) -> list[dict]:
-    """Each benchmark row with its TFLOP/s and model FLOPs utilisation (None for a GPU that
-    PEAK_FLOPS does not know). Pure: checked on the CPU."""
-    peak = peak_flops(device, dtype)
-    rows = [{**r, "tflops": r["samples_per_s"] * flops_per_sample / 1e12} for r in runs]
-    for r in rows:
-        r["mfu"] = r["tflops"] * 1e12 / peak if peak else None
-    return rows
-
-
-def gpu_mfu(rounds: int) -> dict | None:
+def gpu_bench(rounds: int) -> dict | None:
+    """bench.gpu in its own process (its threads are the spec's cpus_per_task): None without CUDA."""
     if not torch.cuda.is_available():
         return None
-    spec = load(JobSpec, ROOT / "jobs/bench_gpu.yaml")
-    overrides = as_overrides(spec.train_dict())
-    out = bench_json("--strategies", "single,minimal", "--rounds", str(rounds), *overrides)
-    name = torch.cuda.get_device_name(0)
-    dtype = "bf16" if spec.train.precision == "bf16" else "fp32"
-    peak = peak_flops(name, dtype)
-    rows = mfu_rows(out["runs"], flops_per_sample(spec.model), name, dtype)
-    return {"device": name, "dtype": dtype, "peak_tflops": peak / 1e12 if peak else None, "runs": rows}
+    return bench_json("--rounds", str(rounds), module="bench.gpu")
 
 
 def plots(strategies: list[dict], sweep: list[dict], out_dir: Path) -> dict[str, list[tuple]]:
@@ -400,15 +372,13 @@ def render_markdown(r: dict) -> str:
     else:
         lines.append("Skipped (no SLURM here; `make minicluster` first).")
     g = r.get("gpu")
-    lines += ["", "## GPU (jobs/bench_gpu.yaml)", ""]
+    lines += ["", "## GPU (jobs/bench_gpu.yaml, `python -m bench.gpu`)", ""]
     if g:
-        lines += [f"{g['device']}, {g['dtype']}, peak {g['peak_tflops']} TFLOP/s (dense).", "",
-                  "| contender | samples/s | TFLOP/s | MFU |", "|---|---:|---:|---:|"]  # fmt: skip
-        for x in g["runs"]:
-            mfu = f"{x['mfu']:.1%}" if x["mfu"] is not None else "-"
-            lines.append(f"| {x['strategy']} | {x['samples_per_s']:,.0f} | {x['tflops']:.1f} | {mfu} |")
+        lines += gpu_table(g)
     else:
-        lines.append("No GPU on the machine that wrote this report; on one, `make bench` adds MFU here.")
+        lines.append(
+            "No GPU on the machine that wrote this report; on one, `make bench` adds `bench.gpu`'s table here."
+        )
     sc = r.get("scaling")
     lines.append("")
     if sc and "error" not in sc:
@@ -469,12 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="1 round, fewer steps and smaller sweeps (a smoke run)")
     parser.add_argument("--out", default=str(DOCS / "benchmarks.md"))
-    parser.add_argument("--gpu-only", action="store_true", help="only the GPU benchmark (MFU), printed as JSON")
     args = parser.parse_args(argv)
-    if args.gpu_only:
-        result = gpu_mfu(args.rounds)
-        print(json.dumps(result, indent=1))
-        return 0 if result else 1
     rounds, steps = (1, 20) if args.quick else (args.rounds, args.steps)
     say("single vs minimal loop")
     single = bench_json("--strategies", "single,minimal", *(["--rounds", "1", "--steps", "200"] if args.quick else []))
@@ -490,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         "sweep_table": sweep_table_speed(20 if args.quick else 1000),
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
-        "gpu": gpu_mfu(rounds),
+        "gpu": gpu_bench(rounds),
         "scaling": None if args.quick else guarded(scaling_study),
         "snapshots": guarded(snapshot_costs, rounds, args.quick),
     }
