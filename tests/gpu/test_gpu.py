@@ -121,3 +121,73 @@ def test_gpu_node_containers_train_on_their_own_gpus(tmp_path):
         start = next(read_records(f"{info['log_dir']}/{record_name(rank)}"))
         assert (start["env"]["device"], start["env"]["backend"]) == ("cuda:0", "nccl")
         assert start["env"]["launcher_vars"]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+@pytest.mark.gpu
+@cuda
+def test_the_loaders_yield_the_samplers_batches_on_cuda():
+    """The CPU test's comparison on CUDA: the data set on the device with indices there, and on
+    the host through pinned buffers and a side stream, against the host's own gather."""
+    from tests.unit.test_loader import MODEL, SMALL, batches_equal, expected
+    from train.data import ShardedSampler, make_dataset
+    from train.loader import ResidentLoader, StagedLoader
+
+    device = torch.device("cuda:0")
+    host = make_dataset(SMALL, MODEL, device, store="cpu")
+    on_device = make_dataset(SMALL, MODEL, device)
+    assert torch.equal(host.x_train, on_device.x_train.cpu())  # drawn in chunks: the same wherever kept
+    for dp_rank, dp_size, accum, start in [(0, 1, 1, 0), (1, 2, 2, 5)]:
+        want = expected(host, ShardedSampler(300, 48, 3, dp_rank, dp_size, accum), start, 30)
+        resident = ResidentLoader(on_device, ShardedSampler(300, 48, 3, dp_rank, dp_size, accum, device))
+        staged = StagedLoader(host, ShardedSampler(300, 48, 3, dp_rank, dp_size, accum), device)
+        for loader in (resident, staged):
+            got = [(x.cpu(), y.cpu()) for x, y in loader.batches(start, 30)]
+            loader.close()
+            assert batches_equal(got, want), type(loader).__name__
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16_params"])
+@pytest.mark.parametrize("placement", ["device", "host"])
+def test_the_steady_state_steps_never_synchronise(precision, placement, tmp_path):
+    """train.sync_debug: torch.cuda.set_sync_debug_mode("error") around every step but the first
+    and the log steps; 70 steps cross two epochs (the permutation's copy) and both loaders."""
+    one_gpu_run(tmp_path, f"train.precision={precision}", f"data.placement={placement}", "train.sync_debug=true",
+                "train.steps=70", "train.log_every=70", "train.eval_every=70", "data.train_size=2000",
+                "train.batch_size=64")  # fmt: skip
+
+
+@pytest.mark.gpu
+@cuda
+def test_bf16_parameters_train_close_to_fp32_on_the_gpu(tmp_path):
+    """bf16 parameters, gradients and momentum with the fused SGD step, no autocast: within
+    LOW_PRECISION_RTOL of fp32 after the same steps, and not equal to it."""
+    _, fp32 = one_gpu_run(tmp_path / "fp32")
+    trainable_dtype, low = one_gpu_run(tmp_path / "bf16p", "train.precision=bf16_params")
+    assert {v.dtype for v in trainable_dtype.values()} == {torch.bfloat16}
+    assert low["train_loss"] != fp32["train_loss"]
+    assert abs(low["train_loss"] - fp32["train_loss"]) <= LOW_PRECISION_RTOL * fp32["train_loss"]
+
+
+@pytest.mark.gpu
+@cuda
+def test_train_compile_on_the_gpu(tmp_path):
+    _, eager = one_gpu_run(tmp_path / "eager", "optim.momentum=0")
+    _, compiled = one_gpu_run(tmp_path / "compiled", "optim.momentum=0", "train.compile=true")
+    assert compiled["train_loss"] == pytest.approx(eager["train_loss"], rel=1e-3)
+
+
+@pytest.mark.gpu
+@cuda
+def test_initial_weights_and_data_are_bitwise_equal_across_gpu_processes(tmp_path):
+    """Built on the GPU from the seed: the same bytes in every rank (one per GPU, at most 2)
+    and in this process."""
+    from tests.support.dist_worker import probe_init
+
+    nprocs = min(2, torch.cuda.device_count())
+    _, probes, _ = run_strategy(tmp_path, nprocs, "parallel.strategy=param_avg", "train.device=cuda",
+                                flags=["--probe-init"])  # fmt: skip
+    mine = probe_init(load(Config, None, [*BASE, "train.device=cuda"]), DistEnv(device="cuda:0"))
+    assert all(p["weights_sha256"] == mine["weights_sha256"] and p["data_sha256"] == mine["data_sha256"]
+               for p in probes)  # fmt: skip

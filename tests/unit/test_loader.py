@@ -110,7 +110,11 @@ def test_a_run_with_its_data_on_the_host_equals_one_with_it_on_the_device(tmp_pa
               "model.dim_in=64", "data.train_size=500"]  # fmt: skip
     out = {}
     for where in ("device", "host"):
-        cfg = load(Config, None, [*common, f"data.placement={where}", f"train.run_dir={tmp_path / where}"])
+        cfg = load(
+            Config,
+            None,
+            [*common, f"data.placement={where}", f"train.run_dir={tmp_path / where}", "train.sync_debug=true"],
+        )  # a no-op on the CPU: its path runs
         record = run(cfg, DistEnv(), quiet=True)
         out[where] = (record["train_loss"], record["test_loss"])
     assert out["device"] == out["host"]
