@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bench.strategies import backward_and_step
 from cluster.spec import JobSpec
 from train.config import Config, ConfigError, as_overrides, load
 from train.dist_env import from_environ
@@ -101,13 +102,7 @@ def hand_loop(cfg: Config, device: torch.device, steps: int) -> float:
         idx = perm[at : at + batch]
         with autocast():
             loss = nn.functional.cross_entropy(model(x[idx]).float(), y[idx])
-        if scaler:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        backward_and_step(loss, opt, scaler)
         opt.zero_grad(set_to_none=True)
     synchronize(device)
     return (time.perf_counter() - start) / (steps - steps // 2)

@@ -66,15 +66,20 @@ def minimal_loop(cfg: Config, steps: int) -> float:
         with autocast():
             loss = loss_fn(model(x), y)
         opt.zero_grad()
-        if scaler:
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        else:
-            loss.backward()
-            opt.step()
+        backward_and_step(loss, opt, scaler)
     loss.item()  # waits for the last step's kernels
     return (time.perf_counter() - start) / (steps - steps // 2)
+
+
+def backward_and_step(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+    """A hand-written loop's backward and optimizer step (through the GradScaler for fp16)."""
+    if scaler:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
 
 
 def bench_config(strategy: str, steps: int, run_dir: str, overrides: list[str]) -> list[str]:
