@@ -44,7 +44,7 @@ test-fast: $(VENV)/.installed  ## unit and golden tests only
 # skips the venv; that interpreter needs pytest, pyyaml and orjson (docs/benchmarking.md).
 gpu-check: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)  ## on a CUDA machine: the gpu tier and bench.gpu's table (MFU), under 10 minutes on one GPU
 	$(PY) -m pytest -m gpu -rs -p no:cacheprovider
-	$(PY) -m bench.gpu
+	$(PY) -m bench.gpu --compile
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
