@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bench.strategies import backward_and_step
 from cluster.spec import JobSpec
 from train.config import Config, ConfigError, as_overrides, load
 from train.dist_env import from_environ
@@ -72,6 +71,17 @@ def matmul_ceiling(device: torch.device, m: int, k: int, n: int, dtype: torch.dt
         a @ b
     synchronize(device)
     return 2 * m * k * n * reps / (time.perf_counter() - start) / 1e12
+
+
+def backward_and_step(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
+    """A hand-written loop's backward and optimizer step (through the GradScaler for fp16)."""
+    if scaler:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
 
 
 def hand_loop(cfg: Config, device: torch.device, steps: int) -> float:

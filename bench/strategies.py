@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from bench.gpu import backward_and_step
 from bench.runs import launch, machine, run_ranks
 from bench.scaling.fit import averaging_break_even
 from bench.scaling.study import FIT_FILE, RUN_DIR
@@ -69,17 +70,6 @@ def minimal_loop(cfg: Config, steps: int) -> float:
         backward_and_step(loss, opt, scaler)
     loss.item()  # waits for the last step's kernels
     return (time.perf_counter() - start) / (steps - steps // 2)
-
-
-def backward_and_step(loss: torch.Tensor, opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None) -> None:
-    """A hand-written loop's backward and optimizer step (through the GradScaler for fp16)."""
-    if scaler:
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-    else:
-        loss.backward()
-        opt.step()
 
 
 def bench_config(strategy: str, steps: int, run_dir: str, overrides: list[str]) -> list[str]:
