@@ -33,7 +33,7 @@ from cluster.spec import JobSpec
 from train.config import Config, ConfigError, as_overrides, load
 from train.dist_env import from_environ
 from train.loop import autocast_context, param_dtype, run
-from train.model import flops_per_sample
+from train.model import flops_per_sample, layer_dims
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "jobs/bench_gpu.yaml"
@@ -92,9 +92,8 @@ def hand_loop(cfg: Config, device: torch.device, steps: int) -> float:
     torch.manual_seed(cfg.train.seed)
     x = torch.randn(d.train_size, m.dim_in, device=device, dtype=dtype)
     y = torch.randint(m.n_classes, (d.train_size,), device=device)
-    sizes = [m.dim_in] + [m.dim_hidden] * (m.n_layers - 1) + [m.n_classes]
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(layer_dims(m)):
         layers += [nn.ReLU()] if i else []
         layers.append(nn.Linear(a, b, device=device, dtype=dtype))
     model = nn.Sequential(*layers)
@@ -254,9 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else args.device)
-    if device.type == "auto":
-        device = torch.device("cpu")
+    device = torch.device(from_environ({}, device=args.device).device)  # auto: the GPU where there is one
     if device.type == "cpu" and "fp16" in precisions:
         precisions.remove("fp16")  # fp16 needs the GradScaler's CUDA path (train.precision refuses it)
     torch.set_num_threads(spec.cpus_per_task or torch.get_num_threads())  # what a rank of this spec gets

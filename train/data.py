@@ -26,10 +26,6 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.x_train, self.y_train, self.x_test, self.y_test))
-
 
 def dataset_bytes(data: DataConfig, model: ModelConfig, dtype: torch.dtype | None = None) -> int:
     """What :func:`make_dataset` will hold, known before drawing it (where to keep it)."""

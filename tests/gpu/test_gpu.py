@@ -19,10 +19,9 @@ import torch
 from tests.conftest import ROOT, docker_engine, torchrun
 from tests.support.gpu import cuda
 from tests.support.jobs import submit
-from tests.support.strategies import BASE, max_diff, run_strategy
+from tests.support.strategies import BASE, max_diff, run_strategy, train_here
 from train.config import Config, load
 from train.dist_env import DistEnv
-from train.loop import setup, train
 from train.parallel.common import full_parameters
 from train.protocol import read_records, record_name
 
@@ -34,10 +33,8 @@ LOW_PRECISION_RTOL = 0.05
 
 def one_gpu_run(tmp_path, *overrides) -> tuple[dict, dict]:
     """(final parameters, last step record) of one process on cuda:0."""
-    cfg = load(Config, None, [*BASE, "train.device=cuda", f"train.run_dir={tmp_path / 'one'}", *overrides])
-    env = DistEnv(device="cuda:0")
-    trainable, ctx = setup(cfg, env)
-    record = train(cfg, env, trainable, ctx, quiet=True)
+    trainable, record = train_here(*BASE, "train.device=cuda", f"train.run_dir={tmp_path / 'one'}", *overrides,
+                                   env=DistEnv(device="cuda:0"))  # fmt: skip
     return full_parameters(trainable), record
 
 

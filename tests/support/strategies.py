@@ -19,18 +19,24 @@ from tests.conftest import torchrun
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
-from train.parallel.common import full_parameters
+from train.parallel.common import Trainable, full_parameters
 
 ATOL = 1e-6
 BASE = ["train.steps=20", "train.log_every=10", "train.eval_every=20", "optim.momentum=0.9"]
 
 
+def train_here(*overrides: str, env: DistEnv | None = None) -> tuple[Trainable, dict]:
+    """One process trained here, in this process, on ``overrides`` (on ``env``'s device; the
+    CPU by default): its trainable and its last step record."""
+    env = env or DistEnv()
+    cfg = load(Config, None, list(overrides))
+    trainable, ctx = setup(cfg, env)
+    return trainable, train(cfg, env, trainable, ctx, quiet=True)
+
+
 def trained_params(*overrides: str) -> dict[str, torch.Tensor]:
     """The final parameters of one process trained here, in this process, on ``overrides``."""
-    cfg = load(Config, None, list(overrides))
-    trainable, ctx = setup(cfg, DistEnv())
-    train(cfg, DistEnv(), trainable, ctx, quiet=True)
-    return full_parameters(trainable)
+    return full_parameters(train_here(*overrides)[0])
 
 
 def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:

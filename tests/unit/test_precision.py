@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from tests.support.strategies import train_here
 from train.config import Config, load
 
 
@@ -20,13 +21,8 @@ def test_fp16_is_refused_on_the_cpu_before_training():
 
 def train_once(tmp_path, *overrides):
     """(trainable, last record) of one CPU process on a task it learns in 200 steps."""
-    from train.dist_env import DistEnv
-    from train.loop import setup, train
-
-    cfg = load(Config, None, ["train.steps=200", "train.log_every=100", "train.eval_every=200", "model.dim_in=256",
-                              "optim.momentum=0.9", f"train.run_dir={tmp_path}", *overrides])  # fmt: skip
-    trainable, ctx = setup(cfg, DistEnv())
-    return trainable, train(cfg, DistEnv(), trainable, ctx, quiet=True)
+    return train_here("train.steps=200", "train.log_every=100", "train.eval_every=200", "model.dim_in=256",
+                      "optim.momentum=0.9", f"train.run_dir={tmp_path}", *overrides)  # fmt: skip
 
 
 def test_bf16_parameters_train_close_to_fp32(tmp_path):
