@@ -33,9 +33,9 @@ minicluster:  ## a real SLURM cluster on this machine: 3 nodes x 4 fake GPUs (ro
 minicluster-stop:
 	$(PYTHON) -m cluster.system.minicluster stop
 
-test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, real clients, SLURM and image tiers
+test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, real clients, SLURM and image tiers (the SLURM tier side by side with the rest)
 	PY=$(PY) tests/provision.sh
-	$(PY) -m pytest
+	$(PY) tests/suite.py
 
 test-fast: $(VENV)/.installed  ## unit and golden tests only
 	$(PY) -m pytest -m "not slow and not slurm and not image and not clients"
