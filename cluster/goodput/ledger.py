@@ -128,7 +128,9 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
             row["queued"] = advance(a.launched, "queued")
         else:
             row["restart"] = advance(a.launched, "restart")
-        row["start-up"] = advance(a.first_step if a.first_step is not None else a.ended, "start-up")
+        # no first step: start-up until the attempt's first error (the kit's record), else its end
+        started = a.first_step if a.first_step is not None else a.failed_at if a.failed_at is not None else a.ended
+        row["start-up"] = advance(started, "start-up")
         if a.first_step is not None:  # the training span, divided: the lost work is its end
             span_end = max(clock, a.last_progress if a.last_progress is not None else clock)
             span = span_end - clock
@@ -153,7 +155,7 @@ def build(submitted: float, attempts: list[Attempt], end: float | None = None) -
         elif a.failed or following:  # found (the first error), ranks stopped, triaged, the next launched
             row["detection"] = advance(a.failed_at if a.failed_at is not None else a.ended, "detection")
             after = "restart" if following else "teardown"
-            row[after] = advance(a.ended, after)
+            row[after] = row.get(after, 0.0) + advance(a.ended, after)  # a middle attempt: restarts before and after
         else:
             row["teardown"] = advance(a.ended, "teardown")
         rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
@@ -195,21 +197,33 @@ def ledger_of(
     queue = backend is None or backend.traits.scheduler  # without one, the launcher starts at submission
     marker = job_dir.file(backend.traits.launch_marker) if backend and backend.traits.launch_marker else None
     first_launch = os.stat(marker).st_mtime if marker and os.path.exists(marker) else None
+    by_number = split_attempts(records)
+    # Every attempt the kit started, also one ended before this rank wrote its start record (a
+    # second fault while the kit recovers from the first): without it, the attempts after it
+    # would be paired with its start and end.
+    numbers = sorted(set(by_number) | set(starts))
     attempts = []
-    for number, mine in enumerate(split_attempts(records)):
+    for number in numbers:
+        mine = by_number.get(number, [])  # none: the kit started it (starts has it)
         launched = starts.get(number) if number or queue else submitted
         if launched is None:  # no restarts: the batch script's start for the first, else the rank's process
             # (the marker is written again at each launch: it dates the first only if it precedes its records)
             early = first_launch is not None and submitted <= first_launch <= mine[0]["time"]
             launched = first_launch if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
         attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
+    resumed_from = None  # an attempt that never started resumed from where the next one did
+    for number, a in reversed(list(zip(numbers, attempts))):
+        if number in by_number:
+            resumed_from = a.start_step
+        else:
+            a.start_step = resumed_from
     last_record = max(r.get("time", 0) for r in records)
-    if len(attempts) - 1 not in ends and not (job_is_running(job_dir) if running is None else running):
+    if numbers[-1] not in ends and not (job_is_running(job_dir) if running is None else running):
         last_record = max(last_record, ended_by_its_log(job_dir, rank, attempts[-1], times_kept))
-    for number, a in enumerate(attempts[:-1]):  # an attempt ends where the kit said, or at its last record
-        a.ended = max(a.ended, a.last_progress or a.launched)
+    for (number, a), following in zip(zip(numbers, attempts), attempts[1:]):
+        a.ended = max(a.ended, a.last_progress or a.launched)  # where the kit said, or at its last record
         if number + 1 not in starts:
-            a.ended = min(a.ended, attempts[number + 1].launched)
+            a.ended = min(a.ended, following.launched)
     ledger = build(submitted, attempts, last_record)
     ledger.gpus = gpus if gpus is not None else plan.get("nodes", 1) * gpus_per_node(plan)
     ledger.saves_s = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
@@ -261,25 +275,32 @@ def gpus_per_node(plan: dict) -> int:
     return (plan.get("tasks_per_node") or 1) * (plan.get("gpus_per_task") or 0)
 
 
-def split_attempts(records: list[dict]) -> list[list[dict]]:
-    """A rank's records, one list per attempt (each begins with a start record)."""
-    out: list[list[dict]] = []
+def split_attempts(records: list[dict]) -> dict[int, list[dict]]:
+    """A rank's records by attempt number. Each attempt begins with a start record, whose
+    environment names the attempt (``restart``: the kit's attempt, or SLURM's requeue count);
+    one without a number is the attempt after the previous one. An attempt that ended before
+    this rank's start record has none here."""
+    out: dict[int, list[dict]] = {}
+    number = -1
     for r in records:
         if r.get("event") == "start" or not out:
-            out.append([])
-        out[-1].append(r)
+            said = r.get("env", {}).get("restart") if r.get("event") == "start" else None
+            number = said if isinstance(said, int) and said > number else number + 1
+            out[number] = []
+        out[number].append(r)
     return out
 
 
 def attempt_of(records: list[dict], launched: float, end: dict | None, built_in: bool) -> Attempt:
-    """One attempt of rank 0, from its records and the kit's end record of it (restarts)."""
+    """One attempt of rank 0, from its records (none: it ended before rank 0 wrote one) and the
+    kit's end record of it (restarts)."""
     progress = [r for r in records if r.get("event") in ("first_step", "step")]
     first = next((r["time"] for r in records if r.get("event") == "first_step"), None)
     steps = [r for r in records if r.get("event") == "step"]
     resume = next((r["step"] for r in records if r.get("event") == "resume"), None)
     step_ms = [r["step_ms"] for r in steps if r.get("step_ms")]
     saves = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
-    last_time = max(r.get("time", 0) for r in records)
+    last_time = max((r.get("time", 0) for r in records), default=launched)
     a = Attempt(launched=launched, ended=end["time"] if end else last_time)
     a.first_step = first
     a.last_progress = max(r["time"] for r in progress) if progress else None

@@ -235,3 +235,40 @@ def test_a_hang_without_restarts_is_stalled_until_the_watchdogs_dump(tmp_path):
     assert over.categories["stalled"] == 30 and over.wall_s == 50 and over.attempts[0]["stalled"] == 30
     running = ledger_of(JobDir(tmp_path), running=True)
     assert running.categories["stalled"] == 0 and running.wall_s == 20
+
+
+def test_an_attempt_ended_before_rank_0_started_is_a_row_of_its_own(tmp_path):
+    """A second fault while the kit recovers from the first (seen in the SLURM tier under load):
+    attempt 1 is ended before rank 0 wrote its start record. The ledger still has three
+    attempts, each paired with its own start and end in attempts.jsonl; attempt 1 is start-up
+    until its error, then a restart; attempt 0's lost work counts to the checkpoint attempt 2
+    resumed from."""
+    plan = {"cluster": "slurm", "nodes": 2, "tasks_per_node": 2, "gpus_per_task": 1, "ranks": []}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "spec.yaml").write_text("name: x\n")
+    os.utime(tmp_path / "spec.yaml", (1000, 1000))
+    kit = [
+        {"event": "start", "attempt": 0, "nodes": ["n1", "n2"], "time": 1005},
+        {"event": "end", "attempt": 0, "verdict": "restart", "failed_at": 1090, "time": 1092},
+        {"event": "start", "attempt": 1, "nodes": ["n1", "n3"], "time": 1095},
+        {"event": "end", "attempt": 1, "verdict": "restart", "failed_at": 1101, "time": 1103},
+        {"event": "start", "attempt": 2, "nodes": ["n1", "n3"], "time": 1105},
+    ]  # fmt: skip
+    (tmp_path / "attempts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kit))
+    records = [
+        {"event": "start", "env": {"restart": 0}, "time": 1006}, {"event": "first_step", "step": 1, "time": 1008},
+        {"event": "checkpoint", "step": 100, "seconds": 1.0, "time": 1060},
+        {"event": "step", "step": 120, "step_ms": 500.0, "time": 1070},
+        {"event": "start", "env": {"restart": 2}, "time": 1106}, {"event": "resume", "step": 100, "time": 1110},
+        {"event": "first_step", "step": 101, "time": 1115},
+        {"event": "step", "step": 400, "step_ms": 500.0, "final": True, "time": 1265},
+    ]  # fmt: skip
+    (tmp_path / "rank_00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    ledger = ledger_of(JobDir(tmp_path), running=False)
+    first, second, third = ledger.attempts
+    assert first["lost work"] == 20 * 0.5 and first["detection"] == 1090 - 1070 and first["restart"] == 2
+    # restart: 3 s to its launch, and 2 s from its error to its end (the next launch's 2 s are the next row's)
+    assert second == {"attempt": 1, "restart": 3 + 2, "start-up": 1101 - 1095, "detection": 0}
+    assert third["restart"] == 1105 - 1103 and third["start-up"] == 1115 - 1105
+    c = ledger.categories
+    assert c["productive"] == (100 + 300) * 0.5 and sum(c.values()) == pytest.approx(ledger.wall_s) == 265
