@@ -2,7 +2,8 @@
 
 The SLURM tier spends most of its 20 minutes waiting on the scheduler (queue passes, requeues,
 time limits that must run out); the other tiers keep the CPUs busy for about 23. One after the
-other they took 44 minutes on 2 cores; side by side, the waits overlap the work. Nothing in
+other they took 44 minutes on 2 cores (pytest: 2611 s); side by side 33 (1998 s: the SLURM
+session 1518 s, the rest 1998 s), the waits overlapping the work. Nothing in
 one session touches what the other uses: only the SLURM tier drives the minicluster (and
 fails and restarts its nodes), only the others use the Docker Engine, and each session finds
 its own leftovers (tests/conftest.py: its processes by a mark holding its pid, its jobs and
