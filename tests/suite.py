@@ -18,6 +18,7 @@ counts only where both collected nothing.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,9 +46,12 @@ def main(args: list[str]) -> int:
         try:
             rest = subprocess.run([*pytest, "-m", f"not {SLURM}"]).returncode
             slurm_code = slurm.wait()
-        except KeyboardInterrupt:  # both sessions got the SIGINT too: let them tidy up
+        except KeyboardInterrupt:  # stop the SLURM session too (it may not have had the SIGINT)
+            if slurm.poll() is None:
+                slurm.send_signal(signal.SIGINT)
             slurm.wait()
-            raise
+            print(f"suite: interrupted; the SLURM tier's output so far is in {path}", flush=True)
+            return 130
     print(f"\n{'=' * 30} the SLURM tier ({path}) {'=' * 30}\n{path.read_text()}", flush=True)
     path.unlink()
     code = combined([rest, slurm_code])
