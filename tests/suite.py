@@ -10,8 +10,8 @@ its own leftovers (tests/conftest.py: its processes by a mark holding its pid, i
 containers by its temporary directory), as for any two sessions on one machine.
 
 The SLURM session writes to a log (its path is printed first: ``tail -f`` it), printed whole
-once both are done. The exit status is the worse of the two; pytest's 5 (collected nothing)
-counts only where both collected nothing.
+once both are done. The exit status is the first failure (the other tiers' first), else 0;
+pytest's 5 (collected nothing) only where both collected nothing.
 
     python tests/suite.py [pytest arguments for both sessions]
 """
