@@ -15,12 +15,14 @@ from train.model import parameter_count
 
 # The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k parameters,
 # all per-step overhead, to 10.6M, compute-bound), data sizes through data.train_size, a
-# second batch size for the fit (inner model sizes, largest data), and the data sizes at
-# which more ranks run. Sizes are closer where step time starts to grow with parameters.
+# second batch size for the fit (inner model sizes, largest data), and the model and data
+# sizes at which more ranks run. Sizes are closer where step time starts to grow with
+# parameters. The quick grid runs more ranks at its smallest and largest model only: the
+# ends of the span that dp_payoff interpolates over, and 2 runs of 2 fresh ranks fewer.
 FULL = {"dim_hidden": [2, 64, 256, 512, 1024, 2048], "train_size": [4096, 16384], "batch": [64, 256],
-        "dp_train_size": [4096, 16384], "epochs": 1}  # fmt: skip
+        "dp_dim_hidden": [2, 64, 256, 512, 1024, 2048], "dp_train_size": [4096, 16384], "epochs": 1}  # fmt: skip
 QUICK = {"dim_hidden": [2, 256, 512, 1024], "train_size": [2048, 8192], "batch": [64, 256],
-         "dp_train_size": [8192], "epochs": 1}  # fmt: skip
+         "dp_dim_hidden": [2, 1024], "dp_train_size": [8192], "epochs": 1}  # fmt: skip
 FIT_FILE = "scaling.json"
 RUN_DIR = "runs/scaling"  # where the study saves its fit unless told (--run-dir)
 
@@ -85,12 +87,12 @@ def measure_point(hidden: int, train_size: int, batch: int, epochs: int, nprocs:
 
 def grid_points(grid: dict, ranks: list[int]) -> list[tuple[int, int, int, int]]:
     """(dim_hidden, train_size, batch, nprocs): every model x data size on one rank, the other
-    batch sizes for the inner model sizes on one rank, and every model at ``dp_train_size``
-    on each larger rank count."""
+    batch sizes for the inner model sizes on one rank, and each ``dp_dim_hidden`` model at
+    each ``dp_train_size`` on each larger rank count."""
     first, largest = grid["batch"][0], grid["train_size"][-1]
     points = [(h, n, first, 1) for n in grid["train_size"] for h in grid["dim_hidden"]]
     points += [(h, largest, b, 1) for b in grid["batch"][1:] for h in grid["dim_hidden"][1:-1]]
-    points += [(h, n, first, r) for r in ranks if r > 1 for n in grid["dp_train_size"] for h in grid["dim_hidden"]]
+    points += [(h, n, first, r) for r in ranks if r > 1 for n in grid["dp_train_size"] for h in grid["dp_dim_hidden"]]
     return points
 
 
