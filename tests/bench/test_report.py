@@ -4,7 +4,6 @@ from tests.conftest import run_module
 
 
 @pytest.mark.slow
-@pytest.mark.bench
 def test_quick_report_writes_markdown_and_plots(tmp_path):
     """`make bench` end to end, in its --quick form (1 round, short runs), into a temporary folder."""
     out = tmp_path / "benchmarks.md"

@@ -87,7 +87,6 @@ def test_predict_needs_a_saved_fit_and_valid_keys(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.bench
 def test_quick_study_prints_points_and_a_fit_that_predicts_held_out_points(tmp_path):
     png = tmp_path / "scaling.png"
     result = run_module("bench.scaling", "--quick", "--json", f"--run-dir={tmp_path}", f"--plot={png}", timeout=600)
