@@ -4,10 +4,10 @@ The SLURM tier spends most of its 20 minutes waiting on the scheduler (queue pas
 time limits that must run out); the other tiers keep the CPUs busy for about 23. One after the
 other they took 44 minutes on 2 cores (pytest: 2611 s); side by side 33 (1998 s: the SLURM
 session 1518 s, the rest 1998 s), the waits overlapping the work. The SLURM session is the
-shorter, yet moving CPU-bound tests into it does not even them out: with the benchmarks'
-smoke runs there (e6626f5) both took longer (2122 s and 2382 s), for the SLURM tier's waits
-are when the other session's runs have both cores. Nothing in one session touches what the
-other uses: only the SLURM tier drives the minicluster (and fails and restarts its nodes),
+shorter, yet moving CPU-bound tests into it does not shorten the suite: with the benchmarks'
+smoke runs there (e6626f5) the sessions took 2122 s and 2382 s, without them (a8f9b1b, the
+same machine and day) 1788 s and 2410 s, for the SLURM tier's waits are when the other
+session's runs have both cores. Nothing in one session touches what the other uses: only the SLURM tier drives the minicluster (and fails and restarts its nodes),
 only the others use the Docker Engine, and each session finds its own leftovers (tests/conftest.py: its processes by a mark holding its pid, its jobs and
 containers by its temporary directory), as for any two sessions on one machine.
 
