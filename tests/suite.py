@@ -7,9 +7,11 @@ session 1518 s, the rest 1998 s), the waits overlapping the work. The SLURM sess
 shorter, yet moving CPU-bound tests into it does not shorten the suite: with the benchmarks'
 smoke runs there (e6626f5) the sessions took 2122 s and 2382 s, without them (a8f9b1b, the
 same machine and day) 1788 s and 2410 s, for the SLURM tier's waits are when the other
-session's runs have both cores. Nothing in one session touches what the other uses: only the SLURM tier drives the minicluster (and fails and restarts its nodes),
-only the others use the Docker Engine, and each session finds its own leftovers (tests/conftest.py: its processes by a mark holding its pid, its jobs and
-containers by its temporary directory), as for any two sessions on one machine.
+session's runs have both cores. Nothing in one session touches what the other uses: only
+the SLURM tier drives the minicluster (and fails and restarts its nodes), only the others
+use the Docker Engine, and each session finds its own leftovers (tests/conftest.py: its
+processes by a mark holding its pid, its jobs and containers by its temporary directory), as
+for any two sessions on one machine.
 
 The SLURM session writes to a log (its path is printed first: ``tail -f`` it), printed whole
 once both are done. The exit status is the first failure (the other tiers' first), else 0;

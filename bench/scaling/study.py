@@ -19,8 +19,9 @@ from train.model import parameter_count
 # sizes at which more ranks run. Sizes are closer where step time starts to grow with
 # parameters. The quick grid runs more ranks at its smallest and largest model only: the
 # ends of the span that dp_payoff interpolates over, and 2 runs of 2 fresh ranks fewer.
-FULL = {"dim_hidden": [2, 64, 256, 512, 1024, 2048], "train_size": [4096, 16384], "batch": [64, 256],
-        "dp_dim_hidden": [2, 64, 256, 512, 1024, 2048], "dp_train_size": [4096, 16384], "epochs": 1}  # fmt: skip
+FULL_DIMS = [2, 64, 256, 512, 1024, 2048]
+FULL = {"dim_hidden": FULL_DIMS, "train_size": [4096, 16384], "batch": [64, 256],
+        "dp_dim_hidden": FULL_DIMS, "dp_train_size": [4096, 16384], "epochs": 1}  # fmt: skip
 QUICK = {"dim_hidden": [2, 256, 512, 1024], "train_size": [2048, 8192], "batch": [64, 256],
          "dp_dim_hidden": [2, 1024], "dp_train_size": [8192], "epochs": 1}  # fmt: skip
 FIT_FILE = "scaling.json"

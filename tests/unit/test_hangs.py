@@ -241,15 +241,18 @@ def test_ranks_killed_by_fail_fast_while_handling_a_peers_failure_do_not_hide_th
 
 
 @pytest.mark.parametrize(
-    "caught",
+    "said, caught",
     [
-        ['  File "/usr/lib/python3.11/traceback.py", line 180 in print_exc',
-         '  File "/kit/train/shim.py", line 137 in run_python'],
-        ['  File "/kit/train/shim.py", line 137 in run_python'],
+        ("2026-01-01T12:00:02.000 rank 0 failed on vm:\n",
+         ['  File "/usr/lib/python3.11/traceback.py", line 180 in print_exc',
+          '  File "/kit/train/shim.py", line 137 in run_python']),
+        ("", ['  File "/kit/train/shim.py", line 137 in run_python']),
     ],
     ids=["printing the error", "before printing it"],
 )  # fmt: skip
-def test_a_rank_killed_while_handling_a_peers_failure_waited_for_a_rank_stalled_outside_collectives(caught, tmp_path):
+def test_a_rank_killed_while_handling_a_peers_failure_waited_for_a_rank_stalled_outside_collectives(
+    said, caught, tmp_path
+):
     """Seen under load with 2 ranks: rank 1's start-up limit fired in the script's own code and
     rank 1 exited; rank 0's all_reduce broke, and the launcher's SIGTERM caught rank 0 printing
     that error, or (in CI) in the shim's ``except`` before it printed a line: no error line, no
@@ -257,7 +260,7 @@ def test_a_rank_killed_while_handling_a_peers_failure_waited_for_a_rank_stalled_
     outside any collective: rank 1 is named."""
     job = tmp_path / "job"
     job.mkdir()
-    log(job / "rank_00000.log", dump(caught, helper=False))
+    log(job / "rank_00000.log", said, dump(caught, helper=False))
     log(job / "rank_00001.log", dump(HUNG, "Timeout (0:00:20)!"))
     report = inspect(job, running=False)
     assert [r.state for r in report.ranks] == ["killed", "stalled"]
