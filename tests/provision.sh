@@ -2,8 +2,9 @@
 # What `make test` needs beyond the venv, on a fresh machine: SLURM (the minicluster tier),
 # the Docker Engine (cluster=docker and the image tier; podman is the CLI fallback),
 # debootstrap (the local base image), git (work trees for the code snapshot's tests) and g++
-# (torch.compile's inductor on the CPU: train.compile's test). Installs them with apt-get as root and starts the
-# minicluster and dockerd; elsewhere it says which tiers will skip and how to enable them.
+# (torch.compile's inductor on the CPU: train.compile's test). Installs them with apt-get as
+# root and starts the minicluster and dockerd; elsewhere it says which tiers will skip and how
+# to enable them.
 # Idempotent: a second run installs nothing and finds the cluster up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +35,8 @@ if [ "$(id -u)" = 0 ] && command -v slurmctld >/dev/null; then
 else
   echo "provision: SLURM minicluster not started (needs root and slurm-wlm): its tier will skip" >&2
 fi
-# The Docker Engine, started as the verified recipe does where no systemd runs it
-# where no systemd runs it; left running, like the minicluster's daemons.
+# The Docker Engine, started as the verified recipe does where no systemd runs it; left
+# running, like the minicluster's daemons.
 if docker info >/dev/null 2>&1; then
   :
 elif [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then

@@ -1,7 +1,7 @@
 """The GPU tier (``-m gpu``, ``make gpu-check``): the paths that run only on CUDA, run where
 CUDA is present and skipped with the reason printed elsewhere. Their CPU-side parts are
 exercised in the fast tier (tests/unit/test_precision.py); the MFU benchmark's, with its
-GPU run, in tests/bench/test_mfu.py.
+GPU run, in tests/bench/test_gpu_bench.py.
 
 Tolerances, float32 on the GPU: NCCL's all-reduce and cuBLAS pick kernels by shape (a rank's
 half batch is another shape than the whole), so the sums of a gradient are ordered
@@ -105,6 +105,7 @@ def test_gpu_node_containers_train_on_their_own_gpus(tmp_path):
     """cluster=docker with GPUs: node n's container gets this machine's GPU n (a device
     request), where it is cuda:0, and the ranks meet over NCCL, across two containers where
     there are two GPUs. Needs an engine with the NVIDIA container toolkit and the CUDA image."""
+    pytest.importorskip("docker", reason="no Docker SDK here (make gpu-check PY=...): GPU containers not checked")
     engine, image = docker_engine(), "torch-cluster-kit:latest"
     if engine is None:
         pytest.skip("no Docker engine answers here: GPU containers not checked")
@@ -161,8 +162,8 @@ def test_bf16_parameters_train_close_to_fp32_on_the_gpu(tmp_path):
     """bf16 parameters, gradients and momentum with the fused SGD step, no autocast: within
     LOW_PRECISION_RTOL of fp32 after the same steps, and not equal to it."""
     _, fp32 = one_gpu_run(tmp_path / "fp32")
-    trainable_dtype, low = one_gpu_run(tmp_path / "bf16p", "train.precision=bf16_params")
-    assert {v.dtype for v in trainable_dtype.values()} == {torch.bfloat16}
+    params, low = one_gpu_run(tmp_path / "bf16p", "train.precision=bf16_params")
+    assert {v.dtype for v in params.values()} == {torch.bfloat16}
     assert low["train_loss"] != fp32["train_loss"]
     assert abs(low["train_loss"] - fp32["train_loss"]) <= LOW_PRECISION_RTOL * fp32["train_loss"]
 

@@ -1,31 +1,54 @@
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import torchrun
 from tests.support.checkpoint import BASE, params_after
-from tests.support.strategies import ATOL, max_diff, run_strategy
+from tests.support.strategies import ATOL, max_diff, run_strategies, run_strategy
 from train.protocol import read_records, record_name
+
+# 4-rank DDP: bucket layout must not change at resume (ddp.settle_buckets); pipeline: stages'
+# optimizer groups must not be deduplicated (checkpoint._options): either breaks resume.
+# zero1: each rank's momentum shard is saved beside DCP's files.
+RESUMED = {4: ["ddp", "pipeline"], 2: ["fsdp", "tp", "zero1"]}
+
+
+def straight_and_resumed(root: Path, nprocs: int, strategies: list[str]) -> dict[str, tuple[list, list]]:
+    """Per strategy: every rank's parameters after 40 steps straight and after 20 steps, then
+    20 more resumed in fresh processes, and the resumed run's records. Two torchruns for all
+    the strategies: the straight runs and the first halves, then the second halves."""
+    args = {s: [f"parallel.strategy={s}", *BASE] for s in strategies}
+    first = {root / s / "a": [*args[s], "train.steps=40"] for s in strategies}
+    first |= {root / s / "b": [*args[s], "train.steps=20"] for s in strategies}
+    straight = run_strategies(nprocs, first)
+    resumed = run_strategies(nprocs, {root / s / "b": [*args[s], "train.steps=40"] for s in strategies})
+    return {s: (straight[root / s / "a"][0], *resumed[root / s / "b"][0::2]) for s in strategies}
+
+
+@pytest.fixture(scope="module")
+def resumes(tmp_path_factory):
+    """straight_and_resumed of every strategy of RESUMED, per rank count when first asked."""
+    done: dict[int, dict] = {}
+
+    def of(strategy: str, nprocs: int) -> tuple[list, list, list]:
+        if nprocs not in done:
+            done[nprocs] = straight_and_resumed(tmp_path_factory.mktemp(f"x{nprocs}"), nprocs, RESUMED[nprocs])
+        return done[nprocs][strategy]
+
+    return of
+
+
+def assert_resumed_bitwise(straight: list[dict], resumed: list[dict], records: list[list[dict]]) -> None:
+    for rank, params in enumerate(straight):  # pipeline stages each hold their own layers
+        assert max_diff(params, resumed[rank]) == 0.0
+    assert any(r["event"] == "resume" and r["step"] == 20 for r in records[0])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "strategy, nprocs",
-    # 4-rank DDP: bucket layout must not change at resume (ddp.settle_buckets); pipeline:
-    # stages' optimizer groups must not be deduplicated (checkpoint._options): either breaks resume.
-    # zero1: each rank's momentum shard is saved beside DCP's files.
-    [("ddp", 4), ("fsdp", 2), ("tp", 2), ("pipeline", 4), ("zero1", 2)],
-)
-def test_distributed_resume_is_bitwise_identical(strategy, nprocs, tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    straight, _, _ = run_strategy(a, nprocs, f"parallel.strategy={strategy}", *BASE, "train.steps=40")
-    run_strategy(b, nprocs, f"parallel.strategy={strategy}", *BASE, "train.steps=20")
-    resumed, _, records = run_strategy(b, nprocs, f"parallel.strategy={strategy}", *BASE, "train.steps=40", mkdir=False)
-    for rank in range(nprocs):  # pipeline stages each hold their own layers
-        assert max_diff(straight[rank], resumed[rank]) == 0.0
-    assert any(r["event"] == "resume" and r["step"] == 20 for r in records[0])
+@pytest.mark.parametrize("strategy, nprocs", [(s, n) for n, strategies in RESUMED.items() for s in strategies])
+def test_distributed_resume_is_bitwise_identical(strategy, nprocs, resumes):
+    assert_resumed_bitwise(*resumes(strategy, nprocs))
 
 
 # Resharding: train on one layout, resume on others. batch 48 splits over 1, 2, 3 and 4 ranks;
@@ -43,7 +66,7 @@ def train_steps(run_dir, strategy: str, nprocs: int, steps: int) -> tuple[dict, 
         params = params_after(out, steps, *args)
         return params, read_records(out / record_name(0))
     run_dir.mkdir(exist_ok=True)
-    params, _, records = run_strategy(run_dir, nprocs, *args, mkdir=not out.exists())
+    params, _, records = run_strategy(run_dir, nprocs, *args)
     # Every layer, from whichever rank holds it (pipeline stages), rank 0's copy first.
     return {k: v for rank in reversed(params) for k, v in rank.items()}, records[0]
 
@@ -100,10 +123,10 @@ def test_fsdp_resume_under_load_exits_cleanly_every_time(tmp_path):
     """The stress variant: with a core kept busy, a rank of this test once aborted at exit in
     1 of 4 runs ("terminate called without an active exception", in interpreter
     finalization after its work was done). Ranks now leave without finalization. One round of
-    three runs here (a minute of the suite); `make test` beside `yes` repeats it all."""
+    three runs in two launches here; `make test` beside `yes` repeats it all."""
     busy = subprocess.Popen(["yes"], stdout=subprocess.DEVNULL)
     try:
-        test_distributed_resume_is_bitwise_identical("fsdp", 2, tmp_path)
+        assert_resumed_bitwise(*straight_and_resumed(tmp_path, 2, ["fsdp"])["fsdp"])
     finally:
         busy.kill()
         busy.wait()

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from tests.conftest import run_module
 from tests.support.dist_worker import probe_init
-from tests.support.strategies import ATOL, BASE, max_diff, run_strategy, single_params, trained_params
+from tests.support.strategies import ATOL, BASE, max_diff, run_strategies, run_strategy, single_params, trained_params
 from train.config import Config, load
 from train.dist_env import DistEnv, init_process_group
 
@@ -21,13 +21,30 @@ def reference(tmp_path_factory):
     return single_params(tmp_path_factory.mktemp("ref"))
 
 
+MATCHED = ["ddp", "ddp_naive", "ddp_bucketed", "zero1"]
+
+
+@pytest.fixture(scope="module")
+def matched(tmp_path_factory):
+    """Every strategy of MATCHED on ``nprocs`` ranks, one torchrun for them all (run when a rank
+    count is first asked for): its start-up is most of such a small run's time."""
+    done: dict[int, dict] = {}
+
+    def of(strategy: str, nprocs: int):
+        if nprocs not in done:
+            root = tmp_path_factory.mktemp(f"x{nprocs}")
+            runs = {root / s: [f"parallel.strategy={s}", "parallel.bucket_mb=0.3", "train.check_sync=true"]
+                    for s in MATCHED}  # fmt: skip
+            done[nprocs] = dict(zip(MATCHED, run_strategies(nprocs, runs, flags=["--probe-grads"]).values()))
+        return done[nprocs][strategy]
+
+    return of
+
+
 @pytest.mark.parametrize("nprocs", [2, 4])
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_naive", "ddp_bucketed", "zero1"])
-def test_matches_single_process(strategy, nprocs, tmp_path, reference):
-    params, probes, records = run_strategy(
-        tmp_path, nprocs, f"parallel.strategy={strategy}", "parallel.bucket_mb=0.3", "train.check_sync=true",
-        flags=["--probe-grads"],
-    )  # fmt: skip
+@pytest.mark.parametrize("strategy", MATCHED)
+def test_matches_single_process(strategy, nprocs, matched, reference):
+    params, probes, records = matched(strategy, nprocs)
     diff = max_diff(params[0], reference)
     assert diff < ATOL, f"{strategy} x{nprocs}: max |param - single| = {diff:.3g}"
     # Replicas are bitwise identical on every rank.
@@ -44,9 +61,20 @@ def test_matches_single_process(strategy, nprocs, tmp_path, reference):
     assert finals[0]["test_acc"] is not None and all(f["test_acc"] is None for f in finals[1:])
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_bucketed", "ddp_naive"])
-def test_grad_accumulation_matches_single_process(strategy, tmp_path, reference):
-    params, _, _ = run_strategy(tmp_path, 2, f"parallel.strategy={strategy}", "train.grad_accum=4")
+ACCUMULATED = ["ddp", "ddp_bucketed", "ddp_naive"]
+
+
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory):
+    """Every strategy of ACCUMULATED with 4 micro-batches a step on 2 ranks, in one torchrun."""
+    root = tmp_path_factory.mktemp("accum")
+    runs = run_strategies(2, {root / s: [f"parallel.strategy={s}", "train.grad_accum=4"] for s in ACCUMULATED})
+    return dict(zip(ACCUMULATED, runs.values()))
+
+
+@pytest.mark.parametrize("strategy", ACCUMULATED)
+def test_grad_accumulation_matches_single_process(strategy, accumulated, reference):
+    params, _, _ = accumulated[strategy]
     assert max_diff(params[0], reference) < ATOL
 
 

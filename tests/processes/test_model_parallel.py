@@ -9,10 +9,11 @@ sums in another order, a few float32 ulps per step (measured below 1e-7 after 20
 import pytest
 
 from tests.conftest import run_module, torchrun
-from tests.support.strategies import ATOL, BASE, max_diff, run_strategy, single_params
+from tests.support.strategies import ATOL, BASE, max_diff, run_strategies, single_params
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
+from train.model import build_mlp
 from train.parallel.common import full_parameters
 
 pytestmark = pytest.mark.slow
@@ -31,23 +32,44 @@ def merged(params: list[dict]) -> dict:
     return out
 
 
-@pytest.mark.parametrize(
-    "nprocs, overrides",
-    [
-        (2, ["parallel.strategy=fsdp"]),
-        (2, ["parallel.strategy=fsdp", "parallel.reshard_after_forward=false", "train.grad_accum=2"]),
-        (2, ["parallel.strategy=tp"]),
-        (2, ["parallel.strategy=pipeline"]),
-        (2, ["parallel.strategy=pipeline", "parallel.schedule=1f1b", "parallel.microbatches=8"]),
-        (4, ["parallel.strategy=pipeline", "model.n_layers=4"]),
-        (4, ["parallel.strategy=fsdp", "parallel.tp=2"]),
-        (4, ["parallel.strategy=ddp", "parallel.tp=2", "train.check_sync=true"]),
-        (4, ["parallel.strategy=tp", "parallel.tp=2"]),
-    ],
-    ids=lambda v: v if isinstance(v, int) else " ".join(o.split(".", 1)[1] for o in v),
-)
-def test_matches_single_process(nprocs, overrides, tmp_path, reference):
-    params, _, records = run_strategy(tmp_path, nprocs, *overrides)
+LAYOUTS = [
+    (2, ["parallel.strategy=fsdp"]),
+    (2, ["parallel.strategy=fsdp", "parallel.reshard_after_forward=false", "train.grad_accum=2"]),
+    (2, ["parallel.strategy=tp"]),
+    (2, ["parallel.strategy=pipeline"]),
+    (2, ["parallel.strategy=pipeline", "parallel.schedule=1f1b", "parallel.microbatches=8"]),
+    (4, ["parallel.strategy=fsdp"]),
+    (4, ["parallel.strategy=pipeline", "model.n_layers=4"]),
+    (4, ["parallel.strategy=fsdp", "parallel.tp=2"]),
+    (4, ["parallel.strategy=ddp", "parallel.tp=2", "train.check_sync=true"]),
+    (4, ["parallel.strategy=tp", "parallel.tp=2"]),
+]
+
+
+def layout_id(overrides: list[str]) -> str:
+    return " ".join(o.split(".", 1)[1] for o in overrides)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """Every layout of LAYOUTS on its rank count, one torchrun per rank count (run when first
+    asked for): the start-up is most of such a small run's time."""
+    done: dict[int, dict] = {}
+
+    def of(nprocs: int, overrides: list[str]):
+        if nprocs not in done:
+            root = tmp_path_factory.mktemp(f"x{nprocs}")
+            same = [o for n, o in LAYOUTS if n == nprocs]
+            runs = run_strategies(nprocs, {root / str(i): o for i, o in enumerate(same)})
+            done[nprocs] = {layout_id(o): run for o, run in zip(same, runs.values())}
+        return done[nprocs][layout_id(overrides)]
+
+    return of
+
+
+@pytest.mark.parametrize("nprocs, overrides", LAYOUTS, ids=lambda v: v if isinstance(v, int) else layout_id(v))
+def test_matches_single_process(nprocs, overrides, layouts, reference):
+    params, _, records = layouts(nprocs, overrides)
     got = merged(params)
     diff = max_diff(got, reference)
     assert diff < ATOL, f"{overrides} x{nprocs}: max |param - single| = {diff:.3g}"
@@ -65,12 +87,9 @@ def test_model_parallel_single_process_matches(tmp_path, reference):
     assert max_diff(full_parameters(trainable), reference) < ATOL
 
 
-def test_fsdp_holds_a_quarter_of_the_state_on_4_ranks(tmp_path):
-    _, _, records = run_strategy(tmp_path, 4, "parallel.strategy=fsdp")
-    single = load(Config, None, [])
-    total = sum(
-        p.numel() * 4 for p in __import__("train.model", fromlist=["x"]).build_mlp(single.model, 0).parameters()
-    )
+def test_fsdp_holds_a_quarter_of_the_state_on_4_ranks(layouts):
+    _, _, records = layouts(4, ["parallel.strategy=fsdp"])
+    total = sum(p.numel() * 4 for p in build_mlp(load(Config, None, []).model, 0).parameters())
     for r in records:
         mem = r[-1]["state_bytes"]
         # params, grads, momentum: each sharded 4 ways (each Linear's rows divide by 4 exactly here)

@@ -110,15 +110,11 @@ def test_local_sgd_resumes_bitwise_from_a_checkpoint_between_averagings(tmp_path
     """The step-10 checkpoint of a K = 4 run holds two different replicas and two momentum
     buffers: each rank saves and restores its own."""
     args = [*PARAM_AVG, "parallel.average_every=4", "optim.momentum=0.9", "train.ckpt_every=10", "train.steps=20"]
-    a, b = tmp_path / "a", tmp_path / "b"
-    a.mkdir()
-    b.mkdir()
-    straight, _, _ = run_strategy(a, 2, *args)
-    run_strategy(b, 2, *args)
-    # As if the job died after the step-10 checkpoint: the next run must resume from it.
-    ckpts = b / "dist" / "checkpoints"
+    straight, _, _ = run_strategy(tmp_path, 2, *args)
+    # As if the job had died after its step-10 checkpoint: the next run must resume from it.
+    ckpts = tmp_path / "dist" / "checkpoints"
     (ckpts / checkpoint.LATEST).write_text(checkpoint.step_name(10) + "\n")
-    resumed, _, records = run_strategy(b, 2, *args, mkdir=False)
+    resumed, _, records = run_strategy(tmp_path, 2, *args)
     for rank in range(2):
         assert max_diff(straight[rank], resumed[rank]) == 0.0
     assert any(r["event"] == "resume" and r["step"] == 10 for r in records[0])

@@ -1,8 +1,11 @@
 """Runs on every rank under torchrun for the equivalence tests.
 
-``python -m tests.support.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--probe-init] [--float64] key=value ...``:
+``python -m tests.support.dist_worker OUT_DIR [--probe-grads] [--probe-divergence] [--probe-replicas] [--probe-init] [--float64] key=value ... [--then OUT_DIR ...]``:
 trains with the kit's own setup and loop, then saves this rank's full parameters to
-``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``).
+``OUT_DIR/params_<rank>.pt`` (and probe results to ``OUT_DIR/probe_<rank>.pt``). Each
+``--then`` starts another run, trained from scratch (or resumed from its folder's checkpoint)
+after the one before, in the same processes and process group: torchrun's and the ranks'
+start-up, most of a small run's time on 2 cores, is paid once for them all.
 """
 
 import copy
@@ -72,40 +75,64 @@ def probe_init(cfg, env) -> dict:
     return {"weights_sha256": digest(model.parameters()), "data_sha256": digest(vars(data).values())}
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
-    flags = [a for a in sys.argv[2:] if a.startswith("--")]
-    cfg = load(Config, None, [a for a in sys.argv[2:] if not a.startswith("--")])
-    env = from_environ(device=cfg.train.device)
-    if "--float64" in flags:  # model and data: rounding 1e-16, far below any mathematical difference
-        torch.set_default_dtype(torch.float64)
-    if needs_process_group(cfg.parallel.strategy, env.world_size):
-        init_process_group(env, cfg.train.timeout_s)
-    try:
-        probe = probe_init(cfg, env) if "--probe-init" in flags else {}
-        trainable, ctx = setup(cfg, env)
-        if "--probe-grads" in flags:
-            probe.update(probe_grads(cfg, env, trainable, ctx))
-        if "--probe-replicas" in flags:
-            probe_replicas(trainable, probe)
-        train(cfg, env, trainable, ctx, quiet=True)
-        if "--probe-replicas" in flags:
-            from train.parallel.param_avg import optimizer_state_tensors
+THEN = "--then"
 
-            state = optimizer_state_tensors(trainable.optimizer)  # none for plain SGD
-            probe["optimizer_state"] = torch.cat([t.reshape(-1) for t in state] or [torch.zeros(0)])
-        if "--probe-divergence" in flags:
-            if env.rank == env.world_size - 1:
-                with torch.no_grad():
-                    next(trainable.state_modules[0].parameters()).add_(1e-3)
-            try:
-                check_replicas(trainable, step=-1)
-                probe["divergence_error"] = None
-            except RuntimeError as exc:
-                probe["divergence_error"] = str(exc)
-        params = full_parameters(trainable)
-        torch.save(params, out / f"params_{env.rank}.pt")
-        torch.save(probe, out / f"probe_{env.rank}.pt")
+
+def runs(argv: list[str]) -> list[tuple[Path, list[str], Config]]:
+    """Each run's (folder, flags, config), from the command line's groups between ``--then``."""
+    groups: list[list[str]] = [[]]
+    for arg in argv:
+        if arg == THEN:
+            groups.append([])
+        else:
+            groups[-1].append(arg)
+    return [
+        (
+            Path(out),
+            [a for a in rest if a.startswith("--")],
+            load(Config, None, [a for a in rest if not a.startswith("--")]),
+        )
+        for out, *rest in groups
+    ]
+
+
+def run_one(out: Path, flags: list[str], cfg: Config, env) -> None:
+    # model and data in float64: rounding 1e-16, far below any mathematical difference
+    torch.set_default_dtype(torch.float64 if "--float64" in flags else torch.float32)
+    probe = probe_init(cfg, env) if "--probe-init" in flags else {}
+    trainable, ctx = setup(cfg, env)
+    if "--probe-grads" in flags:
+        probe.update(probe_grads(cfg, env, trainable, ctx))
+    if "--probe-replicas" in flags:
+        probe_replicas(trainable, probe)
+    train(cfg, env, trainable, ctx, quiet=True)
+    if "--probe-replicas" in flags:
+        from train.parallel.param_avg import optimizer_state_tensors
+
+        state = optimizer_state_tensors(trainable.optimizer)  # none for plain SGD
+        probe["optimizer_state"] = torch.cat([t.reshape(-1) for t in state] or [torch.zeros(0)])
+    if "--probe-divergence" in flags:
+        if env.rank == env.world_size - 1:
+            with torch.no_grad():
+                next(trainable.state_modules[0].parameters()).add_(1e-3)
+        try:
+            check_replicas(trainable, step=-1)
+            probe["divergence_error"] = None
+        except RuntimeError as exc:
+            probe["divergence_error"] = str(exc)
+    params = full_parameters(trainable)
+    torch.save(params, out / f"params_{env.rank}.pt")
+    torch.save(probe, out / f"probe_{env.rank}.pt")
+
+
+def main() -> None:
+    todo = runs(sys.argv[1:])
+    env = from_environ(device=todo[0][2].train.device)
+    if any(needs_process_group(cfg.parallel.strategy, env.world_size) for _, _, cfg in todo):
+        init_process_group(env, todo[0][2].train.timeout_s)
+    try:
+        for out, flags, cfg in todo:
+            run_one(out, flags, cfg, env)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -12,10 +12,12 @@ world size, a skipped bucket or a wrong shard moves parameters by 1e-3 or more a
 """
 
 import json
+from pathlib import Path
 
 import torch
 
 from tests.conftest import torchrun
+from tests.support.dist_worker import THEN
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
@@ -43,16 +45,33 @@ def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:
     return trained_params(*BASE, f"train.run_dir={tmp_path / 'single'}", *overrides)
 
 
-def run_strategy(tmp_path, nprocs, *overrides, flags=(), mkdir=True) -> tuple[list[dict], list[dict], list[list[dict]]]:
-    out = tmp_path / "dist"
-    if mkdir:
-        out.mkdir()
-    result = torchrun(nprocs, "tests.support.dist_worker", str(out), *flags, *BASE, f"train.run_dir={out}", *overrides)
+Result = tuple[list[dict], list[dict], list[list[dict]]]  # per rank: parameters, probes, records
+
+
+def run_strategies(nprocs: int, runs: dict[Path, list[str]], flags=()) -> dict[Path, Result]:
+    """Each run of ``runs`` (the folder its ranks write to, made if missing: its overrides),
+    one after the other in the same ``nprocs`` processes: one torchrun for them all. A run in
+    a folder that holds a checkpoint resumes from it."""
+    args: list[str] = []
+    for out, overrides in runs.items():
+        out.mkdir(parents=True, exist_ok=True)
+        args += [*([THEN] if args else []), str(out), *flags, *BASE, f"train.run_dir={out}", *overrides]
+    result = torchrun(nprocs, "tests.support.dist_worker", *args, timeout=240 * len(runs))
     assert result.returncode == 0, result.stderr[-4000:]
+    return {out: outputs(out, nprocs) for out in runs}
+
+
+def outputs(out: Path, nprocs: int) -> Result:
     params = [torch.load(out / f"params_{r}.pt") for r in range(nprocs)]
     probes = [torch.load(out / f"probe_{r}.pt") for r in range(nprocs)]
     records = [[json.loads(s) for s in (out / f"rank_{r:05d}.jsonl").read_text().splitlines()] for r in range(nprocs)]
     return params, probes, records
+
+
+def run_strategy(tmp_path: Path, nprocs: int, *overrides: str, flags=()) -> Result:
+    """One run in ``tmp_path / "dist"``: it resumes where a run there left a checkpoint."""
+    out = tmp_path / "dist"
+    return run_strategies(nprocs, {out: list(overrides)}, flags)[out]
 
 
 def max_diff(a: dict, b: dict) -> float:
