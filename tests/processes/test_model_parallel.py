@@ -9,7 +9,7 @@ sums in another order, a few float32 ulps per step (measured below 1e-7 after 20
 import pytest
 
 from tests.conftest import run_module, torchrun
-from tests.support.strategies import ATOL, BASE, max_diff, run_strategies, single_params
+from tests.support.strategies import ATOL, BASE, launcher_per_rank_count, max_diff, single_params
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup, train
@@ -52,19 +52,9 @@ def layout_id(overrides: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    """Every layout of LAYOUTS on its rank count, one torchrun per rank count (run when first
-    asked for): the start-up is most of such a small run's time."""
-    done: dict[int, dict] = {}
-
-    def of(nprocs: int, overrides: list[str]):
-        if nprocs not in done:
-            root = tmp_path_factory.mktemp(f"x{nprocs}")
-            same = [o for n, o in LAYOUTS if n == nprocs]
-            runs = run_strategies(nprocs, {root / str(i): o for i, o in enumerate(same)})
-            done[nprocs] = {layout_id(o): run for o, run in zip(same, runs.values())}
-        return done[nprocs][layout_id(overrides)]
-
-    return of
+    """Every layout of LAYOUTS, by its rank count and overrides: one torchrun per rank count."""
+    launched = launcher_per_rank_count(tmp_path_factory, {f"{n}-{i}": (n, o) for i, (n, o) in enumerate(LAYOUTS)})
+    return lambda nprocs, overrides: launched(f"{nprocs}-{LAYOUTS.index((nprocs, overrides))}")
 
 
 @pytest.mark.parametrize("nprocs, overrides", LAYOUTS, ids=lambda v: v if isinstance(v, int) else layout_id(v))

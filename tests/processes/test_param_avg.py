@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import torchrun
-from tests.support.strategies import max_diff, run_strategy, single_params
+from tests.support.strategies import launcher_per_rank_count, max_diff, run_strategy, single_params
 from train import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -34,6 +34,22 @@ def replicas_equal(probes: list[dict]) -> dict[int, bool]:
     return {step: len({h[step] for h in by_step}) == 1 for step in by_step[0]}
 
 
+# The module's runs of the worker on 2 ranks, by name, in one torchrun (its start-up is most of
+# such a small run's time); the proofs of equality in float64.
+F64 = ["--probe-replicas", "--float64"]
+RUNS = {
+    "plain": (2, [*PARAM_AVG, "optim.momentum=0", *F64]),
+    "momentum": (2, [*PARAM_AVG, "optim.momentum=0.9", *F64]),
+    **{f"adam-{avg}": (2, [*PARAM_AVG, *ADAM, f"parallel.average_optimizer_state={avg}", *F64]) for avg in (False, True)},
+    "local-sgd": (2, [*PARAM_AVG, "parallel.average_every=4", "train.steps=10", "train.eval_every=4", "--probe-replicas"]),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    return launcher_per_rank_count(tmp_path_factory, RUNS)
+
+
 def single_params64(tmp_path, *overrides) -> dict[str, torch.Tensor]:
     torch.set_default_dtype(torch.float64)
     try:
@@ -42,26 +58,22 @@ def single_params64(tmp_path, *overrides) -> dict[str, torch.Tensor]:
         torch.set_default_dtype(torch.float32)
 
 
-def test_plain_sgd_equals_single_process(tmp_path):
+def test_plain_sgd_equals_single_process(tmp_path, launched):
     """Momentum 0, K = 1: mean(w - lr*g_i) = w - lr*mean(g_i), ddp's step."""
     reference = single_params64(tmp_path, "optim.momentum=0")
-    params, probes, _ = run_strategy(
-        tmp_path, 2, *PARAM_AVG, "optim.momentum=0", flags=["--probe-replicas", "--float64"]
-    )
+    params, probes, _ = launched("plain")
     diff = max_diff(params[0], reference)
     print(f"param_avg K=1 momentum 0 (float64): max |param - single| = {diff:.3g}")
     assert diff < ATOL64
     assert all(replicas_equal(probes).values())
 
 
-def test_momentum_equals_single_process_although_local_states_differ(tmp_path):
+def test_momentum_equals_single_process_although_local_states_differ(tmp_path, launched):
     """Momentum 0.9, K = 1: each rank's momentum buffer is its own (they differ), yet the
     averaged parameters equal one process's, because the buffer is linear in the gradients
     (train/parallel/param_avg.py). The notes' doubt holds for Adam (next test), not for SGD."""
     reference = single_params64(tmp_path, "optim.momentum=0.9")
-    params, probes, _ = run_strategy(
-        tmp_path, 2, *PARAM_AVG, "optim.momentum=0.9", flags=["--probe-replicas", "--float64"]
-    )
+    params, probes, _ = launched("momentum")
     diff = max_diff(params[0], reference)
     states = [p["optimizer_state"] for p in probes]
     spread = (states[0] - states[1]).abs().max().item()
@@ -76,14 +88,11 @@ def adam_reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("average_state", [False, True])
-def test_adam_differs_from_single_process(average_state, tmp_path, adam_reference):
+def test_adam_differs_from_single_process(average_state, launched, adam_reference):
     """Adam's step m/sqrt(v) is not linear in the gradient: averaging the replicas' steps is
     not the step of the averaged gradient, with or without averaging m and v (the mean of the
     g_i^2 is not the square of their mean). Averaging the state makes the replicas' states equal."""
-    params, probes, _ = run_strategy(
-        tmp_path, 2, *PARAM_AVG, *ADAM, f"parallel.average_optimizer_state={average_state}",
-        flags=["--probe-replicas", "--float64"],
-    )  # fmt: skip
+    params, probes, _ = launched(f"adam-{average_state}")
     diff = max_diff(params[0], adam_reference)
     states = [p["optimizer_state"] for p in probes]
     spread = (states[0] - states[1]).abs().max().item()
@@ -93,13 +102,10 @@ def test_adam_differs_from_single_process(average_state, tmp_path, adam_referenc
     assert (spread == 0.0) == average_state
 
 
-def test_local_sgd_replicas_drift_between_averagings(tmp_path):
+def test_local_sgd_replicas_drift_between_averagings(launched):
     """K = 4: replicas differ after every step that does not average, and are bitwise equal
     right after each averaging (steps 4, 8) and after the last step (10)."""
-    _, probes, records = run_strategy(
-        tmp_path, 2, *PARAM_AVG, "parallel.average_every=4", "train.steps=10", "train.eval_every=4",
-        flags=["--probe-replicas"],
-    )  # fmt: skip
+    _, probes, records = launched("local-sgd")
     equal = replicas_equal(probes)
     assert equal == {step: step in (4, 8, 10) for step in range(1, 11)}, equal
     # check_sync compared the replicas at the averaging steps 4 and 8 and passed.

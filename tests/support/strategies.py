@@ -48,14 +48,14 @@ def single_params(tmp_path, *overrides) -> dict[str, torch.Tensor]:
 Result = tuple[list[dict], list[dict], list[list[dict]]]  # per rank: parameters, probes, records
 
 
-def run_strategies(nprocs: int, runs: dict[Path, list[str]], flags=()) -> dict[Path, Result]:
-    """Each run of ``runs`` (the folder its ranks write to, made if missing: its overrides),
-    one after the other in the same ``nprocs`` processes: one torchrun for them all. A run in
-    a folder that holds a checkpoint resumes from it."""
+def run_strategies(nprocs: int, runs: dict[Path, list[str]]) -> dict[Path, Result]:
+    """Each run of ``runs`` (the folder its ranks write to, made if missing: its overrides and
+    the worker's flags), one after the other in the same ``nprocs`` processes: one torchrun for
+    them all. A run in a folder that holds a checkpoint resumes from it."""
     args: list[str] = []
     for out, overrides in runs.items():
         out.mkdir(parents=True, exist_ok=True)
-        args += [*([THEN] if args else []), str(out), *flags, *BASE, f"train.run_dir={out}", *overrides]
+        args += [*([THEN] if args else []), str(out), *BASE, f"train.run_dir={out}", *overrides]
     result = torchrun(nprocs, "tests.support.dist_worker", *args, timeout=240 * len(runs))
     assert result.returncode == 0, result.stderr[-4000:]
     return {out: outputs(out, nprocs) for out in runs}
@@ -68,10 +68,28 @@ def outputs(out: Path, nprocs: int) -> Result:
     return params, probes, records
 
 
+def launcher_per_rank_count(tmp_path_factory, runs: dict[str, tuple[int, list[str]]]):
+    """A module's runs by name, each (rank count, overrides and the worker's flags), as a
+    function of the name: one torchrun per rank count does every run of that count, when the
+    first of them is asked for."""
+    done: dict[int, dict[str, Result]] = {}
+
+    def result(name: str) -> Result:
+        nprocs = runs[name][0]
+        if nprocs not in done:
+            root = tmp_path_factory.mktemp(f"x{nprocs}")
+            mine = [n for n, (count, _) in runs.items() if count == nprocs]
+            out = run_strategies(nprocs, {root / n: runs[n][1] for n in mine})
+            done[nprocs] = {n: out[root / n] for n in mine}
+        return done[nprocs][name]
+
+    return result
+
+
 def run_strategy(tmp_path: Path, nprocs: int, *overrides: str, flags=()) -> Result:
     """One run in ``tmp_path / "dist"``: it resumes where a run there left a checkpoint."""
     out = tmp_path / "dist"
-    return run_strategies(nprocs, {out: list(overrides)}, flags)[out]
+    return run_strategies(nprocs, {out: [*flags, *overrides]})[out]
 
 
 def max_diff(a: dict, b: dict) -> float:
