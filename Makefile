@@ -42,8 +42,10 @@ test-fast: $(VENV)/.installed  ## unit and golden tests only
 
 # On a GPU box's own environment (its CUDA torch, no package registry): make gpu-check PY=python3
 # skips the venv; that interpreter needs pytest, pyyaml and orjson (docs/benchmarking.md).
+# Only the gpu tier's files are collected: the others import submitit and docker at the top.
+GPU_TESTS := tests/gpu tests/bench/test_gpu_bench.py
 gpu-check: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)  ## on a CUDA machine: the gpu tier and bench.gpu's table (MFU), under 10 minutes on one GPU
-	$(PY) -m pytest -m gpu -rs -p no:cacheprovider
+	$(PY) -m pytest -m gpu -rs -p no:cacheprovider $(GPU_TESTS)
 	$(PY) -m bench.gpu --compile
 
 lint: $(VENV)/.installed

@@ -53,9 +53,12 @@ def pip_setting(key: str) -> str:
 
 
 def docker_engine():
-    """A Docker SDK client where an engine answers (tests/provision.sh starts dockerd), else None."""
-    import docker
-
+    """A Docker SDK client where an engine answers (tests/provision.sh starts dockerd), else None;
+    None too in an interpreter without the SDK (a GPU box's own, make gpu-check PY=python3)."""
+    try:
+        import docker
+    except ImportError:
+        return None
     try:
         client = docker.from_env()
         client.ping()

@@ -1,7 +1,10 @@
-"""make test's two sessions (tests/suite.py): one exit status for both."""
+"""make test's two sessions (tests/suite.py): one exit status for both; make gpu-check's files."""
+
+import re
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.suite import combined
 
 
@@ -20,3 +23,12 @@ from tests.suite import combined
 )
 def test_one_exit_status_for_the_two_sessions(codes, expected):
     assert combined(codes) == expected
+
+
+def test_make_gpu_check_collects_every_file_that_has_a_gpu_test():
+    """gpu-check collects only GPU_TESTS (a GPU box's own interpreter lacks the other files'
+    imports): a gpu test in another file would never run."""
+    listed = re.search(r"^GPU_TESTS := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    gpu = re.compile(r"^(@pytest\.mark\.gpu\b|pytestmark = .*pytest\.mark\.gpu\b)", re.M)
+    marked = [p.relative_to(ROOT) for p in (ROOT / "tests").rglob("test_*.py") if gpu.search(p.read_text())]
+    assert marked and all(any(str(m).startswith(path) for path in listed) for m in marked), (marked, listed)
