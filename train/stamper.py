@@ -53,6 +53,7 @@ class Sink:
         if self.open_by is not None and self.open_by is not stream:
             data = b"\n" + data
             self.open_by.decided = False
+            self.open_by.ended = True
         os.write(self.fd, data)
         self.open_by = None if data.endswith(b"\n") else stream
 
@@ -64,8 +65,14 @@ class Stream:
         self.out = out
         self.head = b""  # the start of the current line, not yet decided
         self.decided = False  # the current line's start is written; the rest goes straight through
+        # Its open line was ended by the other stream's write: the line end it sends next (tqdm's
+        # close, read after the other's line) is already written, not a blank line of its own.
+        self.ended = False
 
     def feed(self, data: bytes, final: bool = False) -> None:
+        if self.ended and data:
+            self.ended = False
+            data = data.removeprefix(b"\r\n" if data.startswith(b"\r\n") else b"\n")
         out = []
         while data:
             if self.decided:

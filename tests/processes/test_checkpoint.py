@@ -96,11 +96,18 @@ def test_resume_on_another_layout_reshards(layouts, tmp_path, unresharded):
     assert resumes[-1] == (30, layouts[2][1])
 
 
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """zero1's and tp's run folders (``saved / strategy``), 2 ranks trained to step 10 in one
+    torchrun: what the refusals below are asked to resume from."""
+    root = tmp_path_factory.mktemp("saved")
+    run_strategies(2, {root / s: [f"parallel.strategy={s}", *RESHARD, "train.steps=10"] for s in ("zero1", "tp")})
+    return root
+
+
 @pytest.mark.slow
-def test_per_rank_optimizer_state_is_refused_on_another_rank_count_naming_what_to_do(tmp_path):
-    run = tmp_path / "run"
-    train_steps(run, "zero1", 2, 10)
-    out = run / "dist"
+def test_per_rank_optimizer_state_is_refused_on_another_rank_count_naming_what_to_do(saved):
+    out = saved / "zero1"
     result = torchrun(3, "train", "parallel.strategy=zero1", *RESHARD, "train.steps=20", f"train.run_dir={out}")
     # The ranks exit 2 with the message (a bad input, like a bad key), none with a traceback
     # (torchrun ends the others once the first has exited).
@@ -109,11 +116,10 @@ def test_per_rank_optimizer_state_is_refused_on_another_rank_count_naming_what_t
 
 
 @pytest.mark.slow
-def test_a_larger_tensor_dimension_than_saved_is_refused(tmp_path):
+def test_a_larger_tensor_dimension_than_saved_is_refused(saved):
     """tp=2 -> tp=4 loads the state bitwise and then drifts (train/checkpoint.load)."""
-    run = tmp_path / "run"
-    train_steps(run, "tp", 2, 10)
-    result = torchrun(4, "train", "parallel.strategy=tp", *RESHARD, "train.steps=20", f"train.run_dir={run / 'dist'}")
+    out = saved / "tp"
+    result = torchrun(4, "train", "parallel.strategy=tp", *RESHARD, "train.steps=20", f"train.run_dir={out}")
     assert "saved with tensor parallelism tp=2; resuming at tp=4" in result.stderr, result.stderr[-3000:]
     assert "exitcode  : 2" in result.stderr and "failed on" not in result.stderr
 

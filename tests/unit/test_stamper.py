@@ -157,3 +157,21 @@ def test_a_line_left_open_on_stderr_is_ended_before_a_line_of_stdout():
     lines = os.read(read, 65536).decode().split("\n")[:-1]
     assert [bool(STAMPED.match(line)) for line in lines] == [True, True, True], lines
     assert unstamped(lines[1]) == "{'loss': '4.704'}" and unstamped(lines[2]) == "\r 50%|#####  | 10/20"
+
+
+def test_the_end_of_a_line_already_ended_by_the_other_stream_adds_no_blank_line():
+    """tqdm's close ends its bar with "\n" on stderr just as the script prints on stdout: where
+    the stamper reads stdout's line first, that line ends the bar's, and the bar's own "\n" that
+    follows is already written (it left an unstamped blank line: a CI run of the clients tier)."""
+    read, write = os.pipe()
+    sink = Sink(write)
+    err, out = Stream(sink), Stream(sink)
+    err.feed(b"\r100%|##########| 30/30 [00:00<00:00]")
+    out.feed(b"rank 0: loss=0.6785\n")
+    err.feed(b"\n")
+    err.feed(b"\r a new bar\n")
+    os.close(write)
+    lines = os.read(read, 65536).decode().split("\n")[:-1]
+    assert [unstamped(line) for line in lines] == ["\r100%|##########| 30/30 [00:00<00:00]", "rank 0: loss=0.6785",
+                                                   "\r a new bar"], lines  # fmt: skip
+    assert all(STAMPED.match(line) for line in lines), lines
