@@ -14,7 +14,7 @@ from train.protocol import read_records, record_name
 RESUMED = {4: ["ddp", "pipeline"], 2: ["fsdp", "tp", "zero1"]}
 
 
-def straight_and_resumed(root: Path, nprocs: int, strategies: list[str]) -> dict[str, tuple[list, list]]:
+def straight_and_resumed(root: Path, nprocs: int, strategies: list[str]) -> dict[str, tuple[list, list, list]]:
     """Per strategy: every rank's parameters after 40 steps straight and after 20 steps, then
     20 more resumed in fresh processes, and the resumed run's records. Two torchruns for all
     the strategies: the straight runs and the first halves, then the second halves."""
@@ -65,7 +65,6 @@ def train_steps(run_dir, strategy: str, nprocs: int, steps: int) -> tuple[dict, 
         out.mkdir(parents=True, exist_ok=True)
         params = params_after(out, steps, *args)
         return params, read_records(out / record_name(0))
-    run_dir.mkdir(exist_ok=True)
     params, _, records = run_strategy(run_dir, nprocs, *args)
     # Every layer, from whichever rank holds it (pipeline stages), rank 0's copy first.
     return {k: v for rank in reversed(params) for k, v in rank.items()}, records[0]
