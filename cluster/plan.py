@@ -103,8 +103,14 @@ def gpus_per_task(spec: JobSpec) -> int:
 
 
 def gpu_binding(spec: JobSpec) -> str:
-    """torchrun's workers of a node all see the node's GPUs and pick cuda:<local rank>."""
-    return "shared" if spec.launcher == "torchrun" else spec.gpu_binding
+    """torchrun's workers of a node all see the node's GPUs and pick cuda:<local rank>, and so
+    do a program's ranks unless the spec says otherwise: a script written for torchrun picks
+    ``cuda:<LOCAL_RANK>``, which a task shown its own GPU alone (as cuda:0) does not have."""
+    if spec.launcher == "torchrun":
+        return "shared"
+    if spec.gpu_binding == "auto":
+        return "per_task" if spec.program is None else "shared"
+    return spec.gpu_binding
 
 
 def trainer_dims(spec: JobSpec, world: int) -> ParallelDims:

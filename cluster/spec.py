@@ -243,7 +243,9 @@ class JobSpec:
     tasks_per_node: int | None = None  # default: one per GPU, or 1 without GPUs
     # per_task: SLURM gives each task its own GPUs (--gpus-per-task), each sees them as cuda:0..;
     # shared: every task of a node sees all its GPUs (--gpus-per-node) and picks cuda:<local rank>.
-    gpu_binding: Literal["per_task", "shared"] = "per_task"
+    # auto: per_task for the built-in trainer; shared for a program of your own, as torchrun
+    # shows its workers the node's GPUs (a script's cuda:<LOCAL_RANK> is then the right GPU).
+    gpu_binding: Literal["auto", "per_task", "shared"] = "auto"
     cpus_per_task: int = 1
     mem: str = ""
     time: str = "01:00:00"

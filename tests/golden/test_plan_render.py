@@ -33,13 +33,20 @@ def spec(*overrides, path=None):
          dict(node=1, local_rank=5, visible_devices="0,1,2,3,4,5,6,7", device="cuda:5")),
         (["nodes=4", "gpus_per_node=8", "tasks_per_node=4"], 16, dict(node=3, local_rank=1, gpus=(2, 3), visible_devices="2,3")),
         (["nodes=7", "tasks_per_node=2"], 14, dict(node=6, local_rank=1, gpus=(), visible_devices="", device="cpu")),
+        # A program of your own sees its node's GPUs, as torchrun's workers do: its cuda:<LOCAL_RANK> exists.
+        (["nodes=2", "gpus_per_node=8", "program.script=jobs/train_cnn.py"], 16,
+         dict(node=1, local_rank=5, gpus=(5,), visible_devices="0,1,2,3,4,5,6,7", device="cuda:5")),
+        (["nodes=2", "gpus_per_node=8", "program.script=jobs/train_cnn.py", "gpu_binding=per_task"], 16,
+         dict(node=1, local_rank=5, gpus=(5,), visible_devices="5", device="cuda:0")),
         (["nodes=2", "gpus_per_node=8", "parallel.strategy=tp", "parallel.tp=4"], 16,
          dict(node=1, coords={"pp": 0, "dp": 3, "tp": 1})),
     ],
 )  # fmt: skip
 def test_rank_map(overrides, world, rank13):
     strategy = [] if "parallel.strategy=tp" in overrides else ["parallel.strategy=ddp"]
-    plan = make_plan(spec(*overrides, *strategy, "train.batch_size=1680"))  # divisible by 14 and 16
+    trainer = [*strategy, "train.batch_size=1680"]  # divisible by 14 and 16
+    program = any(o.startswith("program.") for o in overrides)  # the trainer's sections are refused with it
+    plan = make_plan(spec(*overrides, *([] if program else trainer)))
     assert plan.world_size == world == len(plan.ranks)
     slot = plan.ranks[13]
     assert {k: getattr(slot, k) for k in rank13} == rank13

@@ -27,10 +27,11 @@ def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tm
     assert spec.cluster == "submitit" and spec.program.kind == "submitit" and not spec.program.require_progress
     job = make_submission(spec, plan)
     found = parameters(job)
-    assert {k: found[k] for k in ("job_name", "nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_task", "mem",
+    # A function's ranks see their node's GPUs (as submitit's own gpus_per_node and torchrun show them).
+    assert {k: found[k] for k in ("job_name", "nodes", "ntasks_per_node", "cpus_per_task", "gpus_per_node", "mem",
                                   "partition", "account", "qos", "constraint", "exclusive", "time")} == {
         "job_name": "multi-node", "nodes": 2, "ntasks_per_node": 2, "cpus_per_task": spec.cpus_per_task,
-        "gpus_per_task": 1, "mem": "8G", "partition": "debug", "account": "lab", "qos": "high",
+        "gpus_per_node": 2, "mem": "8G", "partition": "debug", "account": "lab", "qos": "high",
         "constraint": "a100", "exclusive": True, "time": 10}  # fmt: skip
     # The spec's signal (multi_node.yaml: USR1@120) and requeue replace submitit's USR2@90.
     assert found["signal_delay_s"] == 120 and found["additional_parameters"]["signal"] == "USR1@120"
