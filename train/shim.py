@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import faulthandler
+import functools
 import importlib
 import json
 import os
@@ -70,8 +71,8 @@ class StepProgress:
     """The global optimizer-step hook: counts steps, feeds the watchdog, writes step records,
     and keeps the last step in the rank's progress file (``train.protocol.Progress``)."""
 
-    def __init__(self, writer: RecordWriter, watchdog: StallWatchdog, kept: KeptSignal | None = None):
-        self.writer, self.watchdog, self.kept = writer, watchdog, kept
+    def __init__(self, writer: RecordWriter, watchdog: StallWatchdog, signals: ProgramSignals | None = None):
+        self.writer, self.watchdog, self.signals = writer, watchdog, signals
         self.last = Progress(writer.path.parent, writer.rank)
         self.steps = 0
         self.written_step, self.written_at = 0, time.perf_counter()
@@ -79,8 +80,8 @@ class StepProgress:
     def __call__(self, optimizer, args, kwargs) -> None:
         self.steps += 1
         self.last.step(self.steps)
-        if self.kept is not None:
-            self.kept.pass_on()
+        if self.signals is not None:
+            self.signals.pass_on()
         if self.steps == 1:
             self.watchdog.start()  # from the first step: start-up (data, compilation) is not a stall
             self.writer.write("first_step", step=1)
@@ -189,17 +190,58 @@ def say_came(sig: signal.Signals, then: str) -> None:
     )
 
 
-class KeptSignal:
-    """The time-limit signal in a Python program, whose default action would kill the rank:
-    until the program installs its own handler, the shim's says that it came, keeps it, and
-    lets the program run on. A program's start-up (torch's import, the process group) takes
-    seconds, more on a loaded node, and the signal can come then (SLURM sends it up to 60 s
-    early; a requeued job with a short limit gets it as it starts): the program gets the kept
-    signal at its first optimizer step after it installs a handler, once."""
+class ProgramSignals:
+    """The program's signal handlers, as it sees them and as the shim keeps them.
 
-    def __init__(self, sig: signal.Signals) -> None:
-        self.sig, self.kept = sig, False
-        signal.signal(sig, self.came)
+    The time-limit signal (``time_limit``), whose default action would kill the rank: until the
+    program installs its own handler, the shim's says that it came, keeps it, and lets the
+    program run on. A program's start-up (torch's import, the process group) takes seconds, more
+    on a loaded node, and the signal can come then (SLURM sends it up to 60 s early; a requeued
+    job with a short limit gets it as it starts): the program gets the kept signal at its first
+    optimizer step after it installs a handler, once.
+
+    SIGTERM (the scheduler's at the time limit, a cancel, a requeue): a handler of the
+    program's runs through the shim's, which notes that it came (``terminated``). A program
+    that exits 0 from it was stopped, not finished: Lightning's Trainer does, at SLURM's time
+    limit, and was reported completed.
+
+    The program sees what it would without the kit: ``signal.getsignal`` (and what
+    ``signal.signal`` returns) says ``SIG_DFL`` where the shim's handler is and gives its own
+    handler back where the shim's runs it; setting ``SIG_DFL`` for the time-limit signal puts
+    the shim's back. Libraries install a handler only where none is: Lightning's SLURM
+    auto-requeue (save, ``scontrol requeue``) saw the shim's and stood down."""
+
+    def __init__(self, time_limit: signal.Signals | None) -> None:
+        self.sig, self.kept, self.terminated = time_limit, False, False
+        install, self.lookup = signal.signal, signal.getsignal  # the interpreter's own
+        programs = {}  # the shim's handler that runs a program's SIGTERM handler -> that handler
+        if time_limit is not None:
+            install(time_limit, self.came)
+
+        def shown(handler):
+            return signal.SIG_DFL if handler == self.came else programs.get(handler, handler)
+
+        def noting(handler):
+            def noted(signum, frame):
+                self.terminated = True
+                return handler(signum, frame)
+
+            programs[noted] = handler
+            return noted
+
+        @functools.wraps(self.lookup)
+        def getsignal(signalnum):
+            return shown(self.lookup(signalnum))
+
+        @functools.wraps(install)
+        def set_handler(signalnum, handler):
+            if signalnum == time_limit and handler == signal.SIG_DFL:
+                handler = self.came  # no handler of the program's: the signal still never kills the rank
+            elif signalnum == signal.SIGTERM and callable(handler):
+                handler = noting(handler)
+            return shown(install(signalnum, handler))
+
+        signal.signal, signal.getsignal = set_handler, getsignal
 
     def came(self, signum, frame) -> None:
         self.kept = True
@@ -210,7 +252,7 @@ class KeptSignal:
 
     def pass_on(self) -> None:
         """At an optimizer step: the kept signal to the program's own handler, once it has one."""
-        if self.kept and callable(handler := signal.getsignal(self.sig)) and handler != self.came:
+        if self.kept and callable(handler := self.lookup(self.sig)) and handler != self.came:
             self.kept = False
             os.write(
                 2,
@@ -263,11 +305,14 @@ def main(argv: list[str]) -> None:
     timestamp_lines()
     install_dumps()
     time_limit = parse_time_limit_signal(args.time_limit_signal)[0] if args.time_limit_signal else None
-    kept = None  # before the start record, which tells a reader that the shim's handlers are in place
-    if time_limit is not None and kind == "command":
-        signal.signal(time_limit, lambda signum, frame: say_came(time_limit, "the command gets it from the scheduler"))
-    elif time_limit is not None:
-        kept = KeptSignal(time_limit)
+    signals = None  # before the start record, which tells a reader that the shim's handlers are in place
+    if kind == "command":
+        if time_limit is not None:
+            signal.signal(
+                time_limit, lambda signum, frame: say_came(time_limit, "the command gets it from the scheduler")
+            )
+    else:
+        signals = ProgramSignals(time_limit)
     for key, value in torchrun_environ(env).items():
         os.environ.setdefault(key, value)  # torchrun's own, for its workers, stay
     threads = cpu_threads(env)
@@ -292,7 +337,7 @@ def main(argv: list[str]) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         startup_limit(args.startup_timeout_s)
-        progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s), kept)
+        progress = StepProgress(writer, StallWatchdog(args.stall_timeout_s), signals)
         register_optimizer_step_post_hook(progress)
         requeue = time_limit if args.requeue_on_signal else None
         code = run_python(
@@ -302,7 +347,8 @@ def main(argv: list[str]) -> None:
         )  # fmt: skip
         finish_like_python()
         progress.finish()
-    writer.write("end", exit_code=code, steps=progress.steps if progress else None)
+    stopped = {"terminated": True} if signals is not None and signals.terminated else {}  # on SIGTERM: not finished
+    writer.write("end", exit_code=code, steps=progress.steps if progress else None, **stopped)
     writer.close()
     leave(code)
 

@@ -70,8 +70,12 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
                 ev.preempted = rec
         if step:
             ev.last_step, ev.last_loss = step["step"], step.get("local_loss", step.get("train_loss"))
-        # The built-in trainer's last step record says final; a user's program has an end record.
-        ev.final = bool(attempt_step and attempt_step.get("final")) or bool(ev.end and ev.end.get("exit_code") == 0)
+        # The built-in trainer's last step record says final; a user's program has an end record,
+        # which says "terminated" where it exited 0 from its own SIGTERM handler: stopped, not done.
+        ended = ev.end or {}
+        ev.final = bool(attempt_step and attempt_step.get("final")) or (
+            ended.get("exit_code") == 0 and not ended.get("terminated")
+        )
         ev.latest = latest or None
     # A program's last step, kept at every step (train.protocol.Progress): its step records
     # come at powers of two or every few seconds, and none when the watchdog or a signal ends it.

@@ -91,8 +91,10 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
             rep.error = (
                 job.killed_by.of(ev.rank, ev.node_name, len(ev.logs) - 1)
                 or scan.get("signal")
-                or "ended without an error message (killed by a signal?)"
+                or ("" if end and end.get("terminated") else "ended without an error message (killed by a signal?)")
             )
+            if end and end.get("terminated"):
+                rep.error = f"{rep.error or 'SIGTERM came'}; its own SIGTERM handler stopped it unfinished (exit 0)"
             # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
             # dates the end, after the error of a peer that made the launcher kill it.
             rep.last_time = max(rep.last_time or 0, scan.get("mtime") or 0) or None

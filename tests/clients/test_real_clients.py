@@ -1,7 +1,8 @@
 """The real-client tier: programs written for torchrun by nobody here (Hugging Face's
-``transformers.Trainer``, a tqdm script, a script that uses its standard streams as training
-scripts do) through the kit, unchanged, in both launch modes: they train, and when they crash
-or hang, ``cluster logs`` names the rank, its error or the line it sleeps on, and its step.
+``transformers.Trainer``, PyTorch Lightning's ``Trainer``, a tqdm script, a script that uses its
+standard streams as training scripts do) through the kit, unchanged, in both launch modes: they
+train, and when they crash or hang, ``cluster logs`` names the rank, its error or the line it
+sleeps on, and its step. (Lightning's own requeue at SLURM's signal: the SLURM tier.)
 
 The jobs of this module run side by side (a pool of three), once, in a module fixture: a hang
 costs its stall timeout in waiting, not in CPU."""
@@ -25,6 +26,9 @@ pytestmark = pytest.mark.clients
 
 CLIENTS = ROOT / "tests" / "support" / "clients"
 LAUNCHERS = ("per_task", "torchrun")
+# Each client's script is {client}_train.py. A crash is the script's own exception, whoever wrote
+# the loop; a hang is caught where each client's loop waits, so Lightning's is there too.
+CRASHING, HANGING = ("tqdm", "hf"), ("tqdm", "hf", "lightning")
 STALL_S = 8  # the watchdog fires 8 to 10 s after the last step
 BASE = ["tasks_per_node=2", f"stall_timeout_s={STALL_S}"]
 FAULTS = {  # a crash on rank 1, a hang on rank 0, whose tqdm bar is open when its watchdog fires
@@ -46,10 +50,18 @@ def line_of(script: str, text: str) -> int:
 def jobs(tmp_path_factory):
     """Every scenario's finished job: (submit's exit code, its job directory, cluster logs --json)."""
     root = tmp_path_factory.mktemp("clients")
-    runs = {}
+    # Lightning stops on SIGTERM and exits 0: at its time limit (45 s), it trains on until then.
+    until_stopped = ["--steps", "100000", "--step-s", "0.1", "--output-dir", str(root / "lightning-stopped")]
+    runs = {("lightning", "time-limit", "per_task"): [*client_job("lightning_train.py", "per_task", until_stopped),
+                                                      "time=00:00:45"]}  # fmt: skip
     for launcher in LAUNCHERS:
         for fault, args in FAULTS.items():
             runs[("tqdm", fault, launcher)] = client_job("tqdm_train.py", launcher, ["--steps", "30", *args])
+            if fault != "crash":
+                out = str(root / f"lightning-{fault}-{launcher}")
+                runs[("lightning", fault, launcher)] = client_job(
+                    "lightning_train.py", launcher, ["--output-dir", out, *args]
+                )
             if fault != "trains":  # Hugging Face's training runs are the sweep's points
                 out = str(root / f"hf-{fault}-{launcher}")
                 runs[("hf", fault, launcher)] = client_job("hf_train.py", launcher, ["--output-dir", out, *args])
@@ -88,12 +100,35 @@ def test_a_tqdm_script_trains_with_every_line_of_its_log_stamped(jobs, launcher)
     assert "30/30" in text and all(STAMPED.match(line) for line in text.split("\n")[:-1])
 
 
-@pytest.mark.parametrize("client", ["tqdm", "hf"])
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_lightning_trains_where_it_finds_torchruns_ranks(jobs, launcher):
+    """Lightning reads the ranks from the environment (torchrun's: TorchElastic; the kit's
+    per-task ranks: its own environment, from the same variables) and trains 30 steps."""
+    code, job_dir, report = jobs[("lightning", "trains", launcher)]
+    assert code == 0 and [(r["state"], r["last_step"]) for r in report["ranks"]] == [("completed", 30)] * 2
+    for rank in (0, 1):
+        text = (job_dir / f"rank_{rank:05d}.log").read_bytes().decode()
+        assert f"GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in text and f"rank {rank}: loss=" in text
+        assert all(STAMPED.match(line) for line in text.split("\n")[:-1] if line)  # its blank lines: as they are
+
+
+def test_lightning_stopped_by_the_time_limits_sigterm_is_not_called_completed(jobs):
+    """Lightning's Trainer stops on SIGTERM and exits 0: the shim notes that SIGTERM came, and
+    ``cluster logs`` says what ended it (it said "completed", as of a job that had finished)."""
+    code, job_dir, report = jobs[("lightning", "time-limit", "per_task")]
+    assert code == 1 and "Received SIGTERM" in (job_dir / "rank_00000.log").read_text()
+    for rank in report["ranks"]:
+        assert rank["state"] == "killed" and rank["last_step"] > 10, rank
+        assert rank["error"].startswith("killed at the job's time limit; its own SIGTERM handler stopped it"), rank
+    assert report["first_failure"]["error"] == report["ranks"][0]["error"]
+
+
+@pytest.mark.parametrize("client", CRASHING)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_crash_names_the_rank_its_error_its_line_and_its_step(jobs, client, launcher):
     code, _, report = jobs[(client, "crash", launcher)]
     first = report["first_failure"]
-    script = f"{client}_train.py" if client == "tqdm" else "hf_train.py"
+    script = f"{client}_train.py"
     assert code == 1 and first["rank"] == 1 and first["state"] == "failed", first
     assert f"RuntimeError: {script.removesuffix('.py')}: crash at step 10 on rank 1" in first["error"]
     assert first["last_step"] == 10
@@ -102,7 +137,7 @@ def test_a_crash_names_the_rank_its_error_its_line_and_its_step(jobs, client, la
     assert report["cascade"] == {} or 0 in [r for ranks in report["cascade"].values() for r in ranks]
 
 
-@pytest.mark.parametrize("client", ["tqdm", "hf"])
+@pytest.mark.parametrize("client", HANGING)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_hang_names_the_stalled_rank_at_its_last_step_and_the_line_it_sleeps_on(jobs, client, launcher):
     """Rank 0 (its tqdm bar open) sleeps after step 10; rank 1 waits in the next collective.
@@ -111,7 +146,7 @@ def test_a_hang_names_the_stalled_rank_at_its_last_step_and_the_line_it_sleeps_o
     is stalled too; the job ends within the stall timeout and a minute."""
     code, job_dir, report = jobs[(client, "hang", launcher)]
     first = report["first_failure"]
-    script = "tqdm_train.py" if client == "tqdm" else "hf_train.py"
+    script = f"{client}_train.py"
     sleeping = line_of(script, "time.sleep(3600)")
     assert code == 1 and report["hang"]["culprits"] == [0], report["hang"]
     assert (first["rank"], first["state"], first["last_step"]) == (0, "stalled", 10), first

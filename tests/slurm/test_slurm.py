@@ -205,13 +205,19 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
     - a script under torchrun agents that handles USR1 itself, with steps of 7 s (longer than
       KillWait, 5 s): the agents survive, each worker gets the signal once, saves, requeues and
       the next attempt resumes from its file;
-    - a script with no handler: it runs on to its time limit, and ``cluster logs`` says so.
+    - a script with no handler: it runs on to its time limit, and ``cluster logs`` says so;
+    - PyTorch Lightning's Trainer in per-task ranks (as ``srun python script.py``): Lightning
+      installs its SLURM auto-requeue where it sees no handler (the shim's is hidden from it),
+      saves its HPC checkpoint at the signal, requeues the job itself, and the next attempt
+      restores from that checkpoint.
     No batch log holds "User defined signal 1" (a rank or agent killed by the signal).
     Each job's time is more than its signal's lead + 60 s: SLURM may send it up to 60 s
     early (sbatch --signal), and a job of 2 min with USR1@90 once, under load, had no rank
     get it at all (the kit notes such a spec at submission); the shipped USR1@120 in 3 min
     once came to the requeued attempt's ranks before their handler (loaded CI): 4 min."""
-    script = ["program.script=tests/support/user_script.py", "nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
+    one_node = ["nodes=1", "gpus_per_node=0", "tasks_per_node=2"]
+    script = ["program.script=tests/support/user_script.py", *one_node]
+    lightning = ["program.script=tests/support/clients/lightning_train.py", *one_node]
     ckpt = tmp_path / "handled.pt"
     handled = f'program.args=["--ckpt", "{ckpt}", "--handle", "--step-s", "7"]'
     jobs = {
@@ -221,12 +227,15 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
                           "time=00:03:00", "signal=USR1@90", "requeue=true", wait=False),
         "unhandled": submit("jobs/cnn.yaml", tmp_path / "c", *FIT, *script, "time=00:03:00", "signal=USR1@90",
                             f'program.args=["--ckpt", "{tmp_path / "never.pt"}"]', "requeue=false", wait=False),
+        "lightning": submit("jobs/cnn.yaml", tmp_path / "d", *FIT, *lightning,
+                            f'program.args=["--steps", "100000", "--step-s", "0.2", "--output-dir", "{tmp_path / "pl"}"]',
+                            "time=00:03:00", "signal=USR1@90", "requeue=true", wait=False),
     }  # fmt: skip
     for result, _ in jobs.values():
         assert result.returncode == 0, result.stderr
     ids = {name: info["job_id"] for name, (_, info) in jobs.items()}
-    dirs = {"multi-node": tmp_path / "a" / "multi-node" / ids["multi-node"],
-            "handled": tmp_path / "b" / "cnn" / ids["handled"], "unhandled": tmp_path / "c" / "cnn" / ids["unhandled"]}  # fmt: skip
+    dirs = {"multi-node": tmp_path / "a" / "multi-node" / ids["multi-node"], "handled": tmp_path / "b" / "cnn" / ids["handled"],
+            "unhandled": tmp_path / "c" / "cnn" / ids["unhandled"], "lightning": tmp_path / "d" / "cnn" / ids["lightning"]}  # fmt: skip
     records = lambda: (
         list(read_records(dirs["multi-node"] / "rank_00000.jsonl"))
         if (dirs["multi-node"] / "rank_00000.jsonl").exists()
@@ -237,6 +246,9 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
         wait_requeued(ids["multi-node"])  # by rank 0, after the checkpoint
         wait_until(lambda: any(r["event"] == "resume" for r in records()), 180, "the second attempt to resume")
         wait_for_line(dirs["handled"] / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=300)
+        wait_requeued(ids["lightning"])  # by Lightning's own handler, after its HPC checkpoint
+        wait_for_line(dirs["lightning"] / "rank_00000.attempt1.log", "Restored all states from the checkpoint",
+                      timeout=300)  # fmt: skip
         wait_until(lambda: ids["unhandled"] not in squeue_ids(), 300, "the unhandled job's time limit")
     finally:
         subprocess.run(["scancel", *ids.values()], check=False)
@@ -244,6 +256,8 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
     resumed = [r["step"] for r in records() if r["event"] == "resume"]
     assert preempted and resumed == preempted[:1], (preempted, resumed)
     assert "preemption signal (SIGUSR1): checkpoint saved" in (dirs["multi-node"] / "rank_00000.log").read_text()
+    assert "Handling auto-requeue signal" in (dirs["lightning"] / "rank_00000.log").read_text()
+    assert (tmp_path / "pl" / "hpc_ckpt_1.ckpt").exists()
     for rank in (0, 1):
         assert "got SIGUSR1 1 time(s); saved" in (dirs["handled"] / f"rank_{rank:05d}.log").read_text()
         assert "shim: SIGUSR1 came" in (dirs["unhandled"] / f"rank_{rank:05d}.log").read_text()

@@ -408,6 +408,12 @@ def test_the_rules_judge_made_up_evidence_without_a_file():
     assert killed.state == "killed" and "killed by a signal?" in killed.error and killed.error_time == 130.0
     done = judged(final=True, end={"exit_code": 0, "steps": 0})
     assert done.state == "no_progress"
+    # exit 0 from its own SIGTERM handler (Lightning's Trainer at the time limit): stopped, not completed
+    stopped = judged(trained=True, progress=95.0, end={"exit_code": 0, "steps": 50, "terminated": True})
+    assert (
+        stopped.state == "killed"
+        and stopped.error == "SIGTERM came; its own SIGTERM handler stopped it unfinished (exit 0)"
+    )
     sleeping = Stack([Frame("/u/train.py", 35, "main")], "dump")
     waiting = Stack(
         [Frame("/x/torch/distributed/distributed_c10d.py", 1, "all_reduce"), Frame("/u/train.py", 30, "main")], "stall"

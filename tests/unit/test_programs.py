@@ -14,7 +14,7 @@ from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.programs import CNN
 from train.config import ConfigError, load
-from train.shim import KeptSignal
+from train.shim import ProgramSignals
 
 
 def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
@@ -74,24 +74,62 @@ def test_a_trainer_spec_reused_for_a_script_says_its_sections_are_ignored():
 
 
 # ----------------------------------------------------------------------------- the request
-def test_a_kept_time_limit_signal_goes_to_the_programs_handler_once_and_never_to_a_default():
+@pytest.fixture
+def kept(monkeypatch):
+    """The shim's ProgramSignals with SIGUSR2 for the time-limit signal, in this process; after
+    the test, the interpreter's own ``signal.signal`` and ``getsignal`` (ProgramSignals replaces
+    them for the program), SIGUSR2's default and SIGTERM's handler as they were."""
+    install, sigterm = signal.signal, signal.getsignal(signal.SIGTERM)
+    for name in ("signal", "getsignal"):
+        monkeypatch.setattr(signal, name, getattr(signal, name))
+    yield ProgramSignals(signal.SIGUSR2)
+    install(signal.SIGUSR2, signal.SIG_DFL)
+    install(signal.SIGTERM, sigterm)
+
+
+def test_a_kept_time_limit_signal_goes_to_the_programs_handler_once_and_never_to_a_default(kept):
     """The shim keeps the signal that came before the program's handler; at a step it passes it
     on once there is a handler, once, and not while there is none or the program ignores it."""
-    kept, got = KeptSignal(signal.SIGUSR2), []
-    try:
-        os.kill(os.getpid(), signal.SIGUSR2)
-        wait_until(lambda: kept.kept, 30, "the shim's handler")
-        kept.pass_on()  # the shim's own handler still: kept
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        kept.pass_on()
-        assert kept.kept
-        signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
-        kept.pass_on()
-        wait_until(lambda: got, 30, "the program's handler")
-        kept.pass_on()
-        assert got == [signal.SIGUSR2] and not kept.kept
-    finally:
-        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    got = []
+    os.kill(os.getpid(), signal.SIGUSR2)
+    wait_until(lambda: kept.kept, 30, "the shim's handler")
+    kept.pass_on()  # the shim's own handler still: kept
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    kept.pass_on()
+    assert kept.kept
+    signal.signal(signal.SIGUSR2, lambda signum, frame: got.append(signum))
+    kept.pass_on()
+    wait_until(lambda: got, 30, "the program's handler")
+    kept.pass_on()
+    assert got == [signal.SIGUSR2] and not kept.kept
+
+
+def test_the_program_sees_no_handler_where_the_shims_is_and_its_default_never_kills(kept):
+    """As without the kit, the program sees the default disposition (Lightning installs its SLURM
+    auto-requeue only where no handler is); the default it sets back is the shim's handler."""
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) == kept.lookup(signal.SIGUSR1)  # the other signals as they are
+    mine = lambda signum, frame: None  # noqa: E731
+    assert signal.signal(signal.SIGUSR2, mine) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR2) is mine and kept.lookup(signal.SIGUSR2) is mine
+    assert signal.signal(signal.SIGUSR2, signal.SIG_DFL) is mine  # as Lightning's teardown puts it back
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL and kept.lookup(signal.SIGUSR2) == kept.came
+    os.kill(os.getpid(), signal.SIGUSR2)  # the default would end this process
+    wait_until(lambda: kept.kept, 30, "the shim's handler")
+
+
+def test_a_sigterm_the_programs_own_handler_took_is_noted_and_the_handler_is_the_programs(kept):
+    """A program that stops on SIGTERM and exits 0 (Lightning's Trainer) was stopped, not
+    finished: the shim notes that SIGTERM came; the program sees and gets back its own handler."""
+    got = []
+    mine = lambda signum, frame: got.append(signum)  # noqa: E731
+    signal.signal(signal.SIGTERM, mine)
+    assert signal.getsignal(signal.SIGTERM) is mine and kept.lookup(signal.SIGTERM) is not mine
+    assert not kept.terminated
+    os.kill(os.getpid(), signal.SIGTERM)
+    wait_until(lambda: got, 30, "the program's SIGTERM handler")
+    assert got == [signal.SIGTERM] and kept.terminated
+    assert signal.signal(signal.SIGTERM, signal.SIG_DFL) is mine
 
 
 def test_per_task_ranks_run_the_shim_around_the_program():
