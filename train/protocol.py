@@ -12,7 +12,7 @@ Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
 Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step``
 (one per log interval: STEP_FIELDS; the last of a finished built-in run has ``final: true``),
 ``end`` (a user's program returned:
-``exit_code`` and ``steps``), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
+``exit_code`` and ``steps``; ``terminated`` where SIGTERM came to its own handler first), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
 first optimizer step of an attempt: a user's program's first ``step`` record says the same),
 ``failed`` (the rank's program raised: ``error`` "Type: message" and ``step``, the built-in
 trainer's step or a program's optimizer steps in this process; what tells a program error that

@@ -15,7 +15,10 @@ of it (it runs unchanged):
 - the job's time-limit signal (``--time-limit-signal``, the spec's ``signal``) never kills a
   program that did not ask for it: the shim's handler logs that it came and that the program
   runs on; a program that installs its own handler replaces the shim's and gets it, and gets
-  at its first step after one that came before (``KeptSignal``).
+  at its first step after one that came before; the program sees no handler where the shim's
+  is, as without the kit (``ProgramSignals``);
+- a program that exits 0 from its own SIGTERM handler was stopped, not finished: its end
+  record says ``terminated``.
 
 A Python function submitted with ``cluster.submit(fn)`` (``--submitit``: its folder) runs in
 this process too (``train.functions``); on SLURM, submitit appends its own command line
