@@ -88,13 +88,11 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
         if not ev.logs and rep.last_time is None:  # cancelled while pending, or died starting up
             rep.error, rep.log = job.no_log()
         else:
-            rep.error = (
-                job.killed_by.of(ev.rank, ev.node_name, len(ev.logs) - 1)
-                or scan.get("signal")
-                or ("" if end and end.get("terminated") else "ended without an error message (killed by a signal?)")
-            )
-            if end and end.get("terminated"):
-                rep.error = f"{rep.error or 'SIGTERM came'}; its own SIGTERM handler stopped it unfinished (exit 0)"
+            said = job.killed_by.of(ev.rank, ev.node_name, len(ev.logs) - 1) or scan.get("signal")
+            if end and end.get("terminated"):  # exit 0 from its own SIGTERM handler
+                rep.error = f"{said or 'SIGTERM came'}; its own SIGTERM handler stopped it unfinished (exit 0)"
+            else:
+                rep.error = said or "ended without an error message (killed by a signal?)"
             # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
             # dates the end, after the error of a peer that made the launcher kill it.
             rep.last_time = max(rep.last_time or 0, scan.get("mtime") or 0) or None
