@@ -586,12 +586,15 @@ def check_goodput_of_a_restart(job_dir):
     resumed = next(r["step"] for r in records if r["event"] == "resume")
     starts = [i for i, r in enumerate(records) if r["event"] == "start"]
     reached = max(r["step"] for r in records[starts[0] : starts[1]] if r["event"] == "step")
-    step_s = ledger["attempts"][0]["step_s"]
-    assert c["lost work"] == pytest.approx((reached - resumed) * step_s, rel=0.2, abs=0.05)
+    first = ledger["attempts"][0]
+    # The redone steps at the records' step time; the ledger scales every part of a span alike
+    # where that time overstates it (a loaded run: 0.322 s for 20 steps at 0.021 s), so the
+    # lost work is checked against the productive time of the same attempt, and bounded above.
+    assert 0 <= c["lost work"] <= (reached - resumed) * first["step_s"] * 1.01 + 0.002
+    assert c["lost work"] / first["productive"] == pytest.approx((reached - resumed) / resumed, rel=0.05)
     assert c["restart"] > 0 and c["detection"] >= 0 and 0 < ledger["ettr"] < 1
     assert advice["recommended_ckpt_every"] >= 1 and advice["ckpt_every"] == 50
-    failed_at = ledger["attempts"][0]["start-up"] + ledger["attempts"][0]["productive"] + ledger["attempts"][0][
-        "lost work"] + ledger["attempts"][0]["checkpoint"] + ledger["attempts"][0]["other"]  # fmt: skip
+    failed_at = first["start-up"] + first["productive"] + first["lost work"] + first["checkpoint"] + first["other"]
     replay = run_module("cluster", "goodput", str(job_dir), "--json", "--simulate", "node_loss=1", "spare_nodes=1",
                         f"failures_at={failed_at}")  # fmt: skip
     assert replay.returncode == 0, replay.stderr

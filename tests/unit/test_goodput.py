@@ -63,6 +63,22 @@ def test_a_restart_shows_lost_work_detection_and_the_restart_each_as_its_own():
     assert rows[0]["steps_done"] == 120 and rows[0]["steps_kept"] == 100 and rows[1]["restart"] == 10
 
 
+def test_step_times_that_overstate_the_span_are_scaled_to_it_keeping_lost_work_to_productive():
+    """The records' step time (a median at log steps) can exceed the span's mean on a loaded
+    machine: 120 steps at 0.021 s and a 0.414-s save need 2.934 s, the span is 2.348 s (a SLURM
+    run's figures). Every part is scaled by the same 0.8, so the lost work stays 20/100 of the
+    productive time and the parts still add up to the span."""
+    first = Attempt(launched=0, ended=5, first_step=1, last_progress=3.348, last_step=120, step_s=0.021,
+                    checkpoint_s=0.414, failed=True)  # fmt: skip
+    second = Attempt(launched=6, ended=9, first_step=7, last_progress=9, start_step=100, last_step=200,
+                     step_s=0.021)  # fmt: skip
+    row = build(0, [first, second]).attempts[0]
+    scale = 2.348 / 2.934
+    assert row["lost work"] == pytest.approx(20 * 0.021 * scale, abs=1e-3) and row["other"] == 0
+    assert row["lost work"] / row["productive"] == pytest.approx(20 / 100, rel=0.01)
+    assert row["productive"] + row["lost work"] + row["checkpoint"] == pytest.approx(2.348, abs=2e-3)
+
+
 def test_a_hang_is_stalled_time_and_boundaries_out_of_order_are_never_negative():
     hung = Attempt(launched=0, ended=200, first_step=5, last_progress=20, last_step=30, step_s=0.5, failed=True,
                    hang=True)  # fmt: skip
