@@ -1,6 +1,7 @@
 """The real-client tier: programs written for torchrun by nobody here (Hugging Face's
-``transformers.Trainer``, PyTorch Lightning's ``Trainer``, a tqdm script, a script that uses its
-standard streams as training scripts do) through the kit, unchanged, in both launch modes: they
+``transformers.Trainer``, PyTorch Lightning's ``Trainer``, a raw Accelerate loop, a tqdm
+script, a script that uses its standard streams as training scripts do) through the kit,
+unchanged, in both launch modes: they
 train, and when they crash or hang, ``cluster logs`` names the rank, its error or the line it
 sleeps on, and its step. (Lightning's own requeue at SLURM's signal: the SLURM tier.)
 
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.clients
 CLIENTS = ROOT / "tests" / "support" / "clients"
 LAUNCHERS = ("per_task", "torchrun")
 # Each client's script is {client}_train.py. A crash is the script's own exception, whoever wrote
-# the loop; a hang is caught where each client's loop waits, so Lightning's is there too.
-CRASHING, HANGING = ("tqdm", "hf"), ("tqdm", "hf", "lightning")
+# the loop (a raw Accelerate loop's and HF Trainer's here: tqdm's trains and hangs); a hang is
+# caught where each client's loop waits, so Lightning's is there too.
+CRASHING, HANGING = ("accelerate", "hf"), ("tqdm", "hf", "lightning")
 STALL_S = 8  # the watchdog fires 8 to 10 s after the last step
 BASE = ["tasks_per_node=2", f"stall_timeout_s={STALL_S}"]
 FAULTS = {  # a crash on rank 1, a hang on rank 0, whose tqdm bar is open when its watchdog fires
@@ -53,7 +55,8 @@ def jobs(tmp_path_factory):
     runs = {}
     for launcher in LAUNCHERS:
         for fault, args in FAULTS.items():
-            runs[("tqdm", fault, launcher)] = client_job("tqdm_train.py", launcher, ["--steps", "30", *args])
+            client = "accelerate" if fault == "crash" else "tqdm"
+            runs[(client, fault, launcher)] = client_job(f"{client}_train.py", launcher, ["--steps", "30", *args])
             if fault != "crash":
                 out = str(root / f"lightning-{fault}-{launcher}")
                 runs[("lightning", fault, launcher)] = client_job(
@@ -140,10 +143,12 @@ def test_lightning_stopped_by_sigterm_is_named_so_not_completed(jobs):
 @pytest.mark.parametrize("client", CRASHING)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_crash_names_the_rank_its_error_its_line_and_its_step(jobs, client, launcher):
-    code, _, report = jobs[(client, "crash", launcher)]
+    code, job_dir, report = jobs[(client, "crash", launcher)]
     first = report["first_failure"]
     script = f"{client}_train.py"
     assert code == 1 and first["rank"] == 1 and first["state"] == "failed", first
+    if client == "accelerate":  # it found both ranks and their rendezvous in the environment
+        assert "accelerate: 2 processes, DistributedType.MULTI_CPU" in (job_dir / "rank_00000.log").read_text()
     assert f"RuntimeError: {script.removesuffix('.py')}: crash at step 10 on rank 1" in first["error"]
     assert first["last_step"] == 10
     raising = line_of(script, "raise RuntimeError")
