@@ -4,7 +4,6 @@ optimizer and data loader, ``accelerator.backward``, a tqdm bar on the main proc
 Nothing of the kit in it; Accelerate finds the ranks in the environment (gloo on the CPU)."""
 
 import argparse
-import time
 
 import torch
 from accelerate import Accelerator
@@ -14,8 +13,8 @@ from tqdm import tqdm
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
-    for name in ("crash-at", "crash-rank", "hang-at", "hang-rank"):
-        parser.add_argument(f"--{name}", type=int, default=-1)
+    parser.add_argument("--crash-at", type=int, default=-1)
+    parser.add_argument("--crash-rank", type=int, default=-1)
     args = parser.parse_args()
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
@@ -34,8 +33,6 @@ def main() -> None:
         optimizer.step()
         if step == args.crash_at and rank == args.crash_rank:
             raise RuntimeError(f"accelerate_train: crash at step {step} on rank {rank}")
-        if step == args.hang_at and rank == args.hang_rank:
-            time.sleep(3600)  # the hang: the line cluster logs must name
     print(f"rank {rank}: loss={loss.item():.4f}")
     accelerator.end_training()
 
