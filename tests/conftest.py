@@ -30,6 +30,18 @@ def cpu_tiers_on_the_cpu(request, monkeypatch):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
 
 
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """The tests that train in this process do it on one intra-op thread, as each rank does under
+    torchrun. With two threads on two cores, the SLURM tier's ranks beside them stall every
+    parallel region on the thread they deschedule: test_bf16_autocast_trains_on_cpu took 75 s
+    there instead of 1 (19 s against 3.1 s on one thread beside two `yes`, the same accuracy).
+    Set before every test, not once: a test may set its own (bench.gpu takes its spec's 8)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
@@ -157,13 +169,6 @@ def slurm_jobs(under: Path) -> list[str]:
 
 def pytest_sessionstart(session):
     os.environ[SESSION_MARK] = str(os.getpid())
-    # The tests that train in this process do it on one intra-op thread, as each rank does under
-    # torchrun. With two threads on two cores, the SLURM tier's ranks beside them stall every
-    # parallel region on the thread they deschedule: test_bf16_autocast_trains_on_cpu took 75 s
-    # there instead of 1 (19 s against 3.1 s on one thread beside two `yes`, the same accuracy).
-    import torch
-
-    torch.set_num_threads(1)
 
 
 def docker_objects(under: Path) -> list:
