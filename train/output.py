@@ -51,9 +51,21 @@ _leaving = threading.Event()  # leave() ends the stamper on purpose: no fallback
 unstamped = threading.Event()  # set once the stamper died and the output went straight to the log
 
 
+def lead_own_group() -> None:
+    """The rank leads a process group of its own: what it starts is in it, and the stamper ends
+    what is left of it once the rank is gone (``train.stamper.Leftovers``). A torchrun worker
+    already leads one (a session of its own); the local launcher's tasks share their
+    controller's, and srun's tasks of a node the first one's (which leads it: its siblings
+    leave). Not where a standard stream is a terminal: the rank would leave the terminal's
+    foreground group, and Ctrl-C would no longer reach it."""
+    if os.getpgrp() != os.getpid() and not any(os.isatty(fd) for fd in (0, 1, 2)):
+        os.setpgid(0, 0)
+
+
 def stamp_descriptors() -> None:
     """Descriptors 1 and 2 through ``train.stamper``, to where they pointed before."""
     global _stamper
+    lead_own_group()  # before the stamper starts: it learns the rank's group from its own
     sys.stdout.flush()
     sys.stderr.flush()
     pipes = [os.pipe() for _ in (1, 2)]
@@ -63,7 +75,7 @@ def stamp_descriptors() -> None:
     alive, alive_write = os.pipe()
     fds = [fd for (read, _), target in zip(pipes, targets) for fd in (read, target)]
     _stamper = subprocess.Popen(
-        [sys.executable, "-P", "-m", "train.stamper", *map(str, fds)],
+        [sys.executable, "-P", "-m", "train.stamper", str(os.getpid()), str(os.getppid()), *map(str, fds)],
         pass_fds=[*fds, alive_write],
         stdin=subprocess.DEVNULL,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the kit's own train package

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from cluster.system.poll import wait_until
+from cluster.system.processes import alive
 from tests.conftest import ROOT, run_module, torchrun
 from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
 from train.output import STAMPER_GONE
 from train.protocol import STAMPED
+from train.stamper import LEFTOVERS
 
 pytestmark = pytest.mark.clients
 
@@ -38,6 +40,9 @@ FAULTS = {  # a crash on rank 1, a hang on rank 0, whose tqdm bar is open when i
     "crash": ["--crash-at", "10", "--crash-rank", "1"],
     "hang": ["--hang-at", "10", "--hang-rank", "0"],
 }
+# Where rank 0 is found when it hangs: on its own sleep, or (tqdm's) in its loop, waiting for the
+# batch that its DataLoader's worker never returns (that worker sleeps in the data set).
+HANG_LINE = {"tqdm": "the loop waits here for a batch", "hf": "time.sleep(3600)", "lightning": "time.sleep(3600)"}
 
 
 def client_job(script: str, launcher: str, args: list[str]) -> list[str]:
@@ -108,10 +113,12 @@ def finished_at(job_dir: Path) -> float:
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_tqdm_script_trains_with_every_line_of_its_log_stamped(jobs, launcher):
+    """Its batches come from a DataLoader's two worker processes, which end with the rank."""
     code, job_dir, report = jobs[("tqdm", "trains", launcher)]
     assert code == 0 and [(r["state"], r["last_step"]) for r in report["ranks"]] == [("completed", 30)] * 2
     text = (job_dir / "rank_00000.log").read_bytes().decode()
     assert "30/30" in text and all(STAMPED.match(line) for line in text.split("\n")[:-1])
+    assert LEFTOVERS not in text + (job_dir / "rank_00001.log").read_text()  # nothing left behind to end
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
@@ -159,14 +166,21 @@ def test_a_crash_names_the_rank_its_error_its_line_and_its_step(jobs, client, la
 @pytest.mark.parametrize("client", HANGING)
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_a_hang_names_the_stalled_rank_at_its_last_step_and_the_line_it_sleeps_on(jobs, client, launcher):
-    """Rank 0 (its tqdm bar open) sleeps after step 10; rank 1 waits in the next collective.
-    The first failure is rank 0, stalled at step 10, on its sleeping line, dated by its last
+    """Rank 0 (its tqdm bar open) hangs after step 10; rank 1 waits in the next collective.
+    The first failure is rank 0, stalled at step 10, on the line it hangs on, dated by its last
     step (not by the watchdog's firing, a stall timeout later); a rank whose watchdog fired
-    is stalled too; the job ends within the stall timeout and a minute."""
+    is stalled too; the job ends within the stall timeout and a minute. Where rank 0 waits for
+    its DataLoader's worker (tqdm's), that worker, stuck in the data set, would outlive the
+    job: the kit ends it once the rank is gone, and says so in its log."""
     code, job_dir, report = jobs[(client, "hang", launcher)]
     first = report["first_failure"]
     script = f"{client}_train.py"
-    sleeping = line_of(script, "time.sleep(3600)")
+    sleeping = line_of(script, HANG_LINE[client])
+    if client == "tqdm":
+        log = job_dir / "rank_00000.log"
+        wait_for_line(log, LEFTOVERS)  # the job may end a moment before its ranks' stampers
+        pids = [int(p) for p in re.search(rf"{LEFTOVERS} \(pid ([\d, ]+)\)", log.read_text())[1].split(", ")]
+        wait_until(lambda: not any(map(alive, pids)), 60, f"the processes rank 0 left ({pids}) to end")
     assert code == 1 and report["hang"]["culprits"] == [0], report["hang"]
     assert (first["rank"], first["state"], first["last_step"]) == (0, "stalled", 10), first
     assert f"{script}:{sleeping} in " in first["error"], first["error"]

@@ -1,16 +1,22 @@
 """Every line a rank writes is stamped at one place, the descriptor level (``train.stamper``):
 Python's prints, what C code writes, a child's output; faulthandler's dumps pass as they are.
-The rank's ``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, and the stamper
-is never a point of failure."""
+The rank's ``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, the stamper
+is never a point of failure, and it ends what the rank leaves running."""
 
 import os
+import re
 import subprocess
 import sys
 
+import pytest
+
+from cluster.system.poll import wait_until
+from cluster.system.processes import alive
 from tests.conftest import ROOT
+from tests.support.jobs import wait_for_line
 from train.output import STAMPER_GONE
 from train.protocol import STAMPED
-from train.stamper import Sink, Stream
+from train.stamper import KILL_WAIT_S, LEFTOVERS, Sink, Stream
 
 C_LEVEL = r"""
 import ctypes, os, sys
@@ -28,9 +34,13 @@ leave(0)
 
 
 def run_rank_code(code: str, log) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as a cluster's environment
+    """``code`` as a cluster runs a rank: no terminal, no PYTHONUNBUFFERED."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with log.open("wb") as out:
-        return subprocess.run([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        return subprocess.run(
+            [sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            env=env,
+        )  # fmt: skip
 
 
 def unstamped(line: str) -> str:
@@ -113,6 +123,48 @@ def test_a_rank_whose_stamper_dies_goes_on_and_its_log_says_so(tmp_path):
     assert len(numbers) == len(set(numbers)) and sum(b - a > 1 for a, b in zip(numbers, numbers[1:])) <= 1
     assert sum(STAMPER_GONE in line for line in lines) == 1
     assert not STAMPED.match(text.splitlines()[-1])  # unstamped from then on
+
+
+LEAVES_CHILDREN = r"""
+import os, subprocess, sys
+from train.output import timestamp_lines
+timestamp_lines()
+assert os.getpgrp() == os.getpid()  # a group of its own: its launcher's is left alone
+deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
+children = [subprocess.Popen(["sleep", "600"]), subprocess.Popen([sys.executable, "-c", deaf], stdout=subprocess.PIPE)]
+children[1].stdout.readline()  # its handler is in place
+print("children", *[c.pid for c in children], flush=True)
+os._exit(1)  # as the stall watchdog ends a rank: nothing of Python's runs after
+"""
+
+
+@pytest.mark.slow  # SIGKILL comes KILL_WAIT_S after SIGTERM
+def test_what_a_rank_leaves_running_is_ended_once_it_is_gone(tmp_path):
+    """A rank ends (here as its stall watchdog ends it) leaving two children that hold its
+    output: the stamper sends the rank's group SIGTERM, then SIGKILL to the one that ignores
+    it, and says so in the log; both are gone."""
+    log = tmp_path / "rank.log"
+    assert run_rank_code(LEAVES_CHILDREN, log).returncode == 1
+    wait_for_line(log, "SIGKILL to them", timeout=60)
+    text = log.read_text()
+    sleeping, deaf = map(int, re.search(r"children (\d+) (\d+)", text).groups())
+    wait_until(lambda: not alive(sleeping) and not alive(deaf), 60, "the rank's children to end")
+    assert [unstamped(line) for line in text.splitlines() if "kit: " in line] == [
+        f"kit: {LEFTOVERS} (pid {', '.join(map(str, sorted([sleeping, deaf])))}): SIGTERM to them",
+        f"kit: still running {KILL_WAIT_S:g} s after SIGTERM (pid {deaf}): SIGKILL to them",
+    ], text
+    assert all(STAMPED.match(line) for line in text.splitlines())
+
+
+def test_a_rank_on_a_terminal_stays_in_its_terminals_process_group():
+    """Where it would lose Ctrl-C, a rank keeps its group (and its leftovers are not ended)."""
+    code = "import os; from train.output import lead_own_group; lead_own_group(); print(os.getpgrp() == os.getpid())"
+    _, terminal = os.openpty()
+    leads = [
+        subprocess.run([sys.executable, "-c", code], stdin=stdin, capture_output=True, text=True, cwd=ROOT).stdout
+        for stdin in (terminal, subprocess.DEVNULL)
+    ]
+    assert leads == ["False\n", "True\n"]
 
 
 def fed(*pieces: bytes) -> list[str]:
