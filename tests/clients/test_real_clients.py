@@ -18,9 +18,16 @@ from pathlib import Path
 import pytest
 
 from cluster.system.poll import wait_until
-from cluster.system.processes import alive
 from tests.conftest import ROOT, run_module, torchrun
-from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
+from tests.support.jobs import (
+    cancel,
+    job_running,
+    logs_json,
+    submit,
+    wait_for_line,
+    wait_for_step,
+    wait_leftovers_ended,
+)
 from train.output import STAMPER_GONE
 from train.protocol import STAMPED
 from train.stamper import LEFTOVERS
@@ -177,10 +184,7 @@ def test_a_hang_names_the_stalled_rank_at_its_last_step_and_the_line_it_sleeps_o
     script = f"{client}_train.py"
     sleeping = line_of(script, HANG_LINE[client])
     if client == "tqdm":
-        log = job_dir / "rank_00000.log"
-        wait_for_line(log, LEFTOVERS)  # the job may end a moment before its ranks' stampers
-        pids = [int(p) for p in re.search(rf"{LEFTOVERS} \(pid ([\d, ]+)\)", log.read_text())[1].split(", ")]
-        wait_until(lambda: not any(map(alive, pids)), 60, f"the processes rank 0 left ({pids}) to end")
+        wait_leftovers_ended(job_dir / "rank_00000.log")
     assert code == 1 and report["hang"]["culprits"] == [0], report["hang"]
     assert (first["rank"], first["state"], first["last_step"]) == (0, "stalled", 10), first
     assert f"{script}:{sleeping} in " in first["error"], first["error"]

@@ -14,9 +14,18 @@ import pytest
 
 from cluster.system import minicluster
 from cluster.system.poll import wait_until
-from tests.conftest import run_module
+from tests.conftest import ROOT, run_module
 from tests.support.bad_specs import BAD
-from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
+from tests.support.jobs import (
+    job_running,
+    kill_rank,
+    kill_rank_and_wait_end,
+    logs_json,
+    submit,
+    wait_for_line,
+    wait_for_step,
+    wait_leftovers_ended,
+)
 from tests.support.repos import SCRIPT, make_repo
 from train.protocol import DETERMINISTIC_EXIT, read_records
 
@@ -957,6 +966,26 @@ def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watch
     assert "train_cnn.py" in report["first_failure"]["error"]
     ledger = ledger_of(job_dir)  # no restarts: rank 0's stall dump dates the end, the hang is stalled
     assert ledger["categories"]["stalled"] >= 15 * 0.9 and ledger["attempts"][0]["stalled"] > 0, ledger
+
+
+def test_a_dataloader_worker_stuck_in_its_data_set_does_not_outlive_the_job(tmp_path):
+    """The tqdm client's rank 0 waits for a batch its DataLoader worker never returns (the worker
+    sleeps in the data set). The stall watchdog ends the rank, and its stamper the worker, which
+    ran on for its hour after the job under the minicluster's proctrack/linuxproc. Both launch
+    modes, side by side."""
+    script = ROOT / "tests" / "support" / "clients" / "tqdm_train.py"
+    jobs = {}
+    for launcher in ("per_task", "torchrun"):
+        result, info = submit("jobs/multi_node.yaml", tmp_path / launcher, *FIT, "nodes=1", "gpus_per_node=0",
+                              "tasks_per_node=2", "stall_timeout_s=8", f"program.script={script}",
+                              'program.args=["--hang-at", "10", "--hang-rank", "0"]', f"program.launcher={launcher}",
+                              wait=False)  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        jobs[launcher] = Path(info["log_dir"])
+    for launcher, job_dir in jobs.items():
+        wait_leftovers_ended(job_dir / "rank_00000.log")
+        wait_until(lambda: not job_running(job_dir), 120, f"the {launcher} job to end")  # noqa: B023
+        assert logs_json(job_dir)[1]["hang"]["culprits"] == [0], launcher
 
 
 def test_preflight_of_a_job_slurm_will_never_start_ends_and_cancels_it(tmp_path):

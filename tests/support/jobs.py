@@ -2,14 +2,17 @@
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 
 from cluster.backends import JobRef
 from cluster.jobdir import JobDir
 from cluster.system.poll import wait_until
+from cluster.system.processes import alive
 from tests.conftest import run_module
 from train.protocol import read_records, record_name
+from train.stamper import LEFTOVERS
 
 
 def submit(job: str, log_dir: Path, *overrides: str, wait: bool = True, timeout: float = 300):
@@ -44,6 +47,15 @@ def wait_for_step(job_dir: Path, rank: int, step: int | None, timeout: float = 1
 def wait_for_line(path: Path, text: str, timeout: float = 60) -> None:
     """Wait until the log ``path`` holds ``text`` (the event itself, not a guess of its time)."""
     wait_until(lambda: path.exists() and text in path.read_text(errors="replace"), timeout, f"{text!r} in {path}", 0.2)
+
+
+def wait_leftovers_ended(log: Path, timeout: float = 300) -> list[int]:
+    """Wait until the rank's stamper has noted what the rank left running (``train.stamper``:
+    the job may end a moment before it) and that is gone; return their pids."""
+    wait_for_line(log, LEFTOVERS, timeout)
+    left = [int(p) for p in re.search(re.escape(LEFTOVERS) + r" \(pid ([\d, ]+)\)", log.read_text())[1].split(", ")]
+    wait_until(lambda: not any(map(alive, left)), 60, f"the processes the rank left ({left}) to end")
+    return left
 
 
 def kill_rank(start_record: dict) -> None:
