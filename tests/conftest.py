@@ -107,28 +107,6 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/*.sbatch from the renderer")
 
 
-# ----------------------------------------------------------------------------- the order
-# make test runs this session beside the SLURM tier (tests/suite.py), which ends first: what
-# runs after it has both cores to itself. Alphabetically this session ended on the time-limit
-# tests' waits and the single-threaded unit tests, the machine half idle for its last 285 s
-# (vmstat). So the tests that use one core or wait on a clock go first, beside the SLURM tier:
-# unit and golden (a broken unit test also fails in the first minutes), the benchmarks' one-
-# thread runs, clients, images, stalls and time limits; the multi-rank runs that keep both
-# cores busy go last. Each file's tests stay together and in their order (a stable sort).
-FIRST = ("unit/", "golden/")
-LAST = ("processes/test_checkpoint.py", "processes/test_collectives_bench.py", "processes/test_data_parallel.py",
-        "processes/test_model_parallel.py", "processes/test_param_avg.py")  # fmt: skip
-
-
-def run_order(item) -> int:
-    path = item.path.relative_to(ROOT / "tests").as_posix()
-    return 0 if path.startswith(FIRST) else 2 if path in LAST else 1
-
-
-def pytest_collection_modifyitems(config, items):
-    items.sort(key=run_order)
-
-
 # ----------------------------------------------------------------------------- no leftovers
 # Every process the suite starts inherits this variable (also when orphaned and reparented),
 # so its leftovers are found exactly, and a second test session beside it is left alone.
