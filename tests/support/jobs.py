@@ -58,6 +58,24 @@ def wait_leftovers_ended(log: Path, timeout: float = 300) -> list[int]:
     return left
 
 
+def wait_nothing_left(job_dir: Path, timeout: float = 60) -> None:
+    """Wait until no process of the job is left: none whose command line names its directory
+    (its ranks, their agents, and what they forked, a DataLoader's workers)."""
+    mark = str(job_dir).encode()
+
+    def left() -> list[int]:
+        found = []
+        for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+            try:
+                if mark in Path(f"/proc/{pid}/cmdline").read_bytes() and alive(pid):
+                    found.append(pid)
+            except OSError:  # ended since it was listed
+                pass
+        return found
+
+    wait_until(lambda: not left(), timeout, f"no process of {job_dir} to be left")
+
+
 def kill_rank(start_record: dict) -> None:
     os.kill(start_record["pid"], signal.SIGKILL)
 
