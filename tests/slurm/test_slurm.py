@@ -16,17 +16,7 @@ from cluster.system import minicluster
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.bad_specs import BAD
-from tests.support.jobs import (
-    job_running,
-    kill_rank,
-    kill_rank_and_wait_end,
-    logs_json,
-    submit,
-    wait_for_line,
-    wait_for_step,
-    wait_leftovers_ended,
-    wait_nothing_left,
-)
+from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.support.repos import SCRIPT, make_repo
 from train.protocol import DETERMINISTIC_EXIT, read_records
 
@@ -975,6 +965,8 @@ def test_a_dataloader_worker_stuck_in_its_data_set_does_not_outlive_the_job(tmp_
     ran on for its hour after the job under the minicluster's proctrack/linuxproc. Both launch
     modes, side by side, one rank each: with two, a peer's watchdog can fire first, and then
     srun or torchrun's agent ends the whole rank, its worker too (the client tier has that)."""
+    from tests.support.jobs import job_running, wait_leftovers_ended, wait_nothing_left
+
     script = ROOT / "tests" / "support" / "clients" / "tqdm_train.py"
     jobs = {}
     for launcher in ("per_task", "torchrun"):
