@@ -9,7 +9,7 @@ from pathlib import Path
 from cluster.backends import JobRef
 from cluster.jobdir import JobDir
 from cluster.system.poll import wait_until
-from cluster.system.processes import alive
+from cluster.system.processes import alive, command_line
 from tests.conftest import run_module
 from train.protocol import read_records, record_name
 from train.stamper import LEFTOVERS
@@ -61,17 +61,10 @@ def wait_leftovers_ended(log: Path, timeout: float = 300) -> list[int]:
 def wait_nothing_left(job_dir: Path, timeout: float = 60) -> None:
     """Wait until no process of the job is left: none whose command line names its directory
     (its ranks, their agents, and what they forked, a DataLoader's workers)."""
-    mark = str(job_dir).encode()
 
     def left() -> list[int]:
-        found = []
-        for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
-            try:
-                if mark in Path(f"/proc/{pid}/cmdline").read_bytes() and alive(pid):
-                    found.append(pid)
-            except OSError:  # ended since it was listed
-                pass
-        return found
+        pids = (int(e) for e in os.listdir("/proc") if e.isdigit())
+        return [pid for pid in pids if str(job_dir) in command_line(pid) and alive(pid)]
 
     wait_until(lambda: not left(), timeout, f"no process of {job_dir} to be left")
 
