@@ -59,9 +59,11 @@ def check_collectives(device: torch.device, n: int = 4) -> list[str]:
     expect("all_reduce", summed, full(world * (world + 1) / 2, n, device))
 
     # Rank r contributes (r+1)(j+1) to chunk j; chunk r lands on rank r: (r+1) * sum_k (k+1).
-    chunks = [full((rank + 1) * (j + 1), n, device) for j in range(world)]
+    # The one-tensor forms here and below (what FSDP calls): torch 2.6's gloo has no list
+    # reduce_scatter, and 2.11's no list all_to_all ("does not support ..."); 2.13's has both.
+    chunks = torch.cat([full((rank + 1) * (j + 1), n, device) for j in range(world)])
     out = torch.empty(n, device=device)
-    dist.reduce_scatter(out, chunks)
+    dist.reduce_scatter_tensor(out, chunks)
     expect("reduce_scatter", out, full((rank + 1) * world * (world + 1) / 2, n, device))
 
     value = full(42 if rank == 0 else -1, n, device)
@@ -69,10 +71,10 @@ def check_collectives(device: torch.device, n: int = 4) -> list[str]:
     expect("broadcast", value, full(42, n, device))
 
     # Rank r sends r*world + j to rank j, so it receives k*world + r from rank k.
-    send = [full(rank * world + j, n, device) for j in range(world)]
-    recv = [torch.empty(n, device=device) for _ in range(world)]
-    dist.all_to_all(recv, send)
-    expect("all_to_all", torch.stack(recv), torch.stack([full(k * world + rank, n, device) for k in range(world)]))
+    send = torch.cat([full(rank * world + j, n, device) for j in range(world)])
+    recv = torch.empty(world * n, device=device)
+    dist.all_to_all_single(recv, send)
+    expect("all_to_all", recv, torch.cat([full(k * world + rank, n, device) for k in range(world)]))
 
     # A ring: each rank sends its rank to the next and receives the previous one's.
     got = torch.empty(n, device=device)
