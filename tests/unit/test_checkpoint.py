@@ -25,11 +25,10 @@ def test_resume_is_bitwise_identical(tmp_path):
 
 
 def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "tests.support.ckpt_killer", str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout.readline().strip() == "saving"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with subprocess.Popen([sys.executable, "-m", "tests.support.ckpt_killer", str(tmp_path)], cwd=ROOT,
+                          stdout=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        assert proc.stdout.readline().strip() == "saving"
+        proc.send_signal(signal.SIGKILL)
     ckpt = tmp_path / "checkpoints"
     assert (ckpt / "step_0000020.tmp").is_dir() and not (ckpt / "step_0000020").exists()
     assert checkpoint.latest(ckpt) == ckpt / "step_0000010"

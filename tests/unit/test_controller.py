@@ -22,8 +22,8 @@ def test_a_controller_is_alive_from_the_moment_it_is_spawned(tmp_path):
     try:
         assert controller.alive(job)
     finally:
-        spawned.kill()
-        spawned.wait()
+        with spawned:  # closes its stdin and waits
+            spawned.kill()
     assert not controller.alive(job)
 
 
@@ -32,5 +32,5 @@ def test_a_pid_gone_to_another_process_is_not_the_controller(tmp_path):
     try:
         assert processes.alive(spawned.pid) and not controller.alive(job)
     finally:
-        spawned.kill()
-        spawned.wait()
+        with spawned:  # closes its stdin and waits
+            spawned.kill()

@@ -346,7 +346,7 @@ def test_follow_reads_an_attempts_last_lines_before_the_next_attempts_log(tmp_pa
     log0.write_text("step 10\n")
     rounds = iter([
         lambda: None,
-        lambda: (log0.open("a").write("Traceback (most recent call last):\nRuntimeError: boom\n"),
+        lambda: (log0.write_text("step 10\nTraceback (most recent call last):\nRuntimeError: boom\n"),  # appended
                  log1.write_text("resumed at step 10\nstep 2")),
         lambda: None,
     ])  # fmt: skip

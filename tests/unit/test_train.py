@@ -112,8 +112,8 @@ def test_cli_piped_into_head_stops_quietly(run_dir):
     """`python -m train | head -1`: the reader leaves; the run ends like `cat` would (SIGPIPE's
     exit status), with no traceback."""
     argv = [sys.executable, "-m", "train", f"train.run_dir={run_dir}", "train.steps=1000", "train.log_every=1"]
-    train = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert train.stdout.readline().startswith(b"rank 0/1")
-    train.stdout.close()
-    assert train.wait(timeout=120) == 141
-    assert b"Traceback" not in train.stderr.read()
+    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as train:
+        assert train.stdout.readline().startswith(b"rank 0/1")
+        train.stdout.close()
+        assert train.wait(timeout=120) == 141
+        assert b"Traceback" not in train.stderr.read()
