@@ -1,5 +1,7 @@
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +16,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_module(
     *args: str, env: dict | None = None, timeout: float = 300, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
-    """Run ``python -m <args>`` as a user would, capturing output."""
+    """Run ``python -m <args>`` as a user would, capturing output. At the timeout it is killed
+    with its descendants: subprocess.run kills only its child, and a torchrun agent's ranks (in
+    sessions of their own) ran on, a hung one holding the pipes and outliving its test."""
+    from cluster.system.processes import with_descendants
+
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    argv = [sys.executable, "-m", *args]
+    with subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in with_descendants([proc.pid]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.fixture(autouse=True)
@@ -157,10 +172,14 @@ def docker_objects(under: Path) -> list:
     if client is None:
         return []
     mine = lambda labels: (labels or {}).get(LABEL, "").startswith(str(under))  # noqa: E731
-    containers = [
-        c for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True) if mine(c.labels)
-    ]
-    networks = [n for n in client.networks.list(filters={"label": LABEL}) if mine(n.attrs.get("Labels"))]
+    try:
+        containers = [
+            c for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
+            if mine(c.labels)
+        ]  # fmt: skip
+        networks = [n for n in client.networks.list(filters={"label": LABEL}) if mine(n.attrs.get("Labels"))]
+    finally:
+        client.close()  # its socket: the objects' remove() opens a connection of its own
     return containers + networks  # containers first: a network is removed once they are gone
 
 
