@@ -1,7 +1,5 @@
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +17,7 @@ def run_module(
     """Run ``python -m <args>`` as a user would, capturing output. At the timeout it is killed
     with its descendants: subprocess.run kills only its child, and a torchrun agent's ranks (in
     sessions of their own) ran on, a hung one holding the pipes and outliving its test."""
-    from cluster.system.processes import with_descendants
+    from cluster.system.processes import kill_after, with_descendants
 
     full_env = {**os.environ, **(env or {})}
     argv = [sys.executable, "-m", *args]
@@ -28,9 +26,7 @@ def run_module(
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            for pid in with_descendants([proc.pid]):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            kill_after(with_descendants([proc.pid]), 0, print)  # says which, in the test's output
             proc.communicate()
             raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
