@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -250,17 +252,34 @@ def use_device(env: DistEnv) -> None:
         torch.cuda.set_device(torch.device(env.device))
 
 
-def init_process_group(env: DistEnv, timeout_s: float) -> None:
+def init_process_group(env: DistEnv, timeout_s: float, store: object | None = None) -> None:
+    """Join the default group through ``store``, or through the launcher's master address."""
     import torch.distributed as dist  # lazy for start-up time, as above
 
     use_device(env)
     # One rank of a distributed strategy (a laptop, one GPU, `python -m train parallel.strategy=fsdp`):
     # no peer to meet, so no port to take; the strategy still finds its group.
-    meet = (
-        {"store": dist.HashStore()}
-        if env.world_size == 1
-        else {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
-    )
-    dist.init_process_group(
-        backend=env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s), **meet
-    )
+    if store is None and env.world_size == 1:
+        store = dist.HashStore()
+    meet = {"store": store} if store is not None else {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
+    with native_stdout_to_stderr():
+        dist.init_process_group(
+            backend=env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s), **meet
+        )
+
+
+@contextmanager
+def native_stdout_to_stderr() -> Iterator[None]:
+    """Send what C++ code prints to stdout to stderr instead, while the block runs.
+
+    torch 2.9's gloo prints "[Gloo] Rank 0 is connected to 1 peer ranks..." to stdout as a
+    group forms, ahead of the kit's ``--json`` objects, which scripts read from stdout.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

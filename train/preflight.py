@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from train.collectives import check_collectives, format_row, sweep
-from train.dist_env import DistEnv, from_environ, use_device
+from train.dist_env import DistEnv, from_environ, init_process_group
 from train.output import redirect_to, timestamp_lines
 from train.protocol import never_joined_message, preflight_log_name
 
@@ -98,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = facts is not None or env.rank != 0
     if env.rank == 0 and facts is None:
         return 1
-    use_device(env)
-    dist.init_process_group(env.backend, store=store, rank=env.rank, world_size=env.world_size,
-                            timeout=timedelta(seconds=args.join_timeout_s))  # fmt: skip
+    init_process_group(env, args.join_timeout_s, store)
     try:
         device = torch.device(env.device)
         try:

@@ -1,5 +1,6 @@
 import shutil
 import subprocess
+import sys
 import typing
 
 import pytest
@@ -126,3 +127,17 @@ def test_registry_matches_config_schema():
     from train.parallel.registry import STRATEGIES
 
     assert set(STRATEGIES) == set(typing.get_args(Strategy))
+
+
+def test_native_stdout_goes_to_stderr_inside_the_block_only():
+    """What C++ prints to fd 1 as a group forms (torch 2.9's gloo) must not precede ``--json``."""
+    code = (
+        "import os, sys\n"
+        "from train.dist_env import native_stdout_to_stderr\n"
+        "print('before')\n"
+        "with native_stdout_to_stderr():\n"
+        "    os.write(1, b'[Gloo] connected\\n')\n"
+        "print('after')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert (result.stdout, result.stderr) == ("before\nafter\n", "[Gloo] connected\n")

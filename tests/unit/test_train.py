@@ -2,6 +2,7 @@ import json
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from tests.conftest import ROOT, run_module
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import run, setup, train
+from train.parallel.pipeline import stage_class
 
 
 def short(run_dir, *overrides):
@@ -117,3 +119,14 @@ def test_cli_piped_into_head_stops_quietly(run_dir):
         train.stdout.close()
         assert train.wait(timeout=120) == 141
         assert b"Traceback" not in train.stderr.read()
+
+
+def test_pipeline_stage_meets_its_neighbours_in_one_dtype():
+    """torch 2.9's stage sends an int64 and receives a float32 at its first exchange (pytorch#165143)."""
+
+    class Torch29Stage:
+        def _get_init_p2p_neighbors_ops(self):
+            return [SimpleNamespace(tensor=torch.zeros(1)), SimpleNamespace(tensor=torch.tensor(3))]
+
+    ops = stage_class(Torch29Stage)()._get_init_p2p_neighbors_ops()
+    assert [op.tensor.dtype for op in ops] == [torch.float32, torch.float32]

@@ -20,6 +20,24 @@ from train.parallel.stages import stage_bounds, stage_module
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}  # in torch.distributed.pipelining
 
 
+def stage_class(base: type) -> type:
+    """torch's PipelineStage, with the first exchange between neighbours in one dtype.
+
+    torch 2.9 sends an int64 there and receives into a float32 (pytorch#165143, fixed by
+    #165539 in 2.10): gloo aborts the rank ("8 vs 4. Received data size doesn't match"), and
+    over NCCL the mismatch is undefined. On versions that already agree this changes nothing.
+    """
+
+    class Stage(base):
+        def _get_init_p2p_neighbors_ops(self) -> list[dist.P2POp]:
+            ops = super()._get_init_p2p_neighbors_ops()
+            for op in ops:
+                op.tensor = op.tensor.float()
+            return ops
+
+    return Stage
+
+
 def apply_pipeline(model: nn.Module, ctx: Context) -> Trainable:
     cfg, rank, stages = ctx.cfg, ctx.env.rank, ctx.dims.pp
     ctx.require_precision("fp32")
@@ -32,7 +50,7 @@ def apply_pipeline(model: nn.Module, ctx: Context) -> Trainable:
     first, last = rank == 0, rank == stages - 1
     from torch.distributed import pipelining  # heavy: imported when used
 
-    stage = pipelining.PipelineStage(module, rank, stages, ctx.device)
+    stage = stage_class(pipelining.PipelineStage)(module, rank, stages, ctx.device)
     loss_fn = nn.functional.cross_entropy
     schedule = getattr(pipelining, SCHEDULES[cfg.parallel.schedule])(
         stage, n_microbatches=cfg.parallel.microbatches, loss_fn=loss_fn
