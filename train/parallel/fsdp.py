@@ -12,6 +12,7 @@ import contextlib
 import torch
 from torch import nn
 
+from train.config import ConfigError
 from train.model import linear_indices
 from train.parallel.common import Context, Trainable, forward_eval
 from train.parallel.tp import shard_tensor_parallel
@@ -19,7 +20,7 @@ from train.parallel.tp import shard_tensor_parallel
 
 def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
     from torch.distributed.device_mesh import init_device_mesh  # heavy: imported when used
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     ctx.require_precision("fp32", "bf16")
     model = model.to(ctx.device)
@@ -30,14 +31,25 @@ def apply_fsdp(model: nn.Module, ctx: Context) -> Trainable:
     # One rank (a laptop, one GPU) has no mesh (no dimension > 1): a mesh of one, nothing sharded,
     # FSDP's code path and policy all the same.
     mesh = ctx.mesh["dp"] if ctx.mesh is not None else init_device_mesh(ctx.device.type, (1,), mesh_dim_names=("dp",))
+    # gloo's reduce_scatter_tensor sums where asked to average (torch 2.7 and 2.8: 2 ranks
+    # holding 1 and 2 get 3, not 1.5), so FSDP's gradients would come out dp times too large.
+    # SUM with FSDP's own division after it is right on every version; NCCL keeps its native AVG.
+    force_sum = ctx.env.backend == "gloo" and mesh.size() > 1
+    if force_sum and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        raise ConfigError(
+            "parallel.strategy",
+            f"fsdp over gloo needs torch >= 2.8: torch {torch.__version__}'s gloo sums FSDP's gradients where "
+            "it should average them, and FSDP has no switch to ask for a sum",
+        )
     options = {
         "mesh": mesh,
         "reshard_after_forward": ctx.cfg.parallel.reshard_after_forward,
         "mp_policy": mp if ctx.cfg.train.precision == "bf16" else MixedPrecisionPolicy(),
     }
-    for i in linear_indices(model):
-        fully_shard(model[i], **options)
-    fully_shard(model, **options)
+    units = [fully_shard(model[i], **options) for i in linear_indices(model)] + [fully_shard(model, **options)]
+    if force_sum:
+        for unit in units:
+            unit.set_force_sum_reduction_for_comms(True)
 
     @contextlib.contextmanager
     def no_sync():
