@@ -9,8 +9,9 @@ one. Contenders run in interleaved rounds; the kit's ratio to the hand loop of i
 is taken within each round and the median reported. MFU is the model's matmul FLOPs (6 per
 multiply-add and sample: forward, and backward's two) per second over the GPU's dense peak of
 the precision's matmul dtype (``PEAK_FLOPS``). Also: a fresh process's time from after its
-``import torch`` to the end of its first training step (CUDA's start-up, the model and data
-built on the device, the first step's kernels).
+``import torch`` to the end of its first training step, in phases (the kit's imports, the
+device's context, the model and data built there and the first step's kernels), beside the
+hand loop's in a process of its own.
 
 On the CPU it runs too (``--device cpu``, small overrides: the tests), without MFU.
 """
@@ -135,26 +136,43 @@ def contender_config(overrides: list[str], precision: str, steps: int, compiled:
 
 
 def startup(overrides: list[str], device: torch.device) -> dict:
-    """A fresh process: ``import torch``'s seconds, and from after it to the end of the first
-    training step (the kit's imports, CUDA's start-up, the model and data set built, step 1)."""
+    """Fresh processes, one for the kit's loop and one for the hand loop: ``import torch``'s
+    seconds, then the phases from after it to the end of the first training step (the kit's
+    imports, CUDA's context, the model and data set built and step 1). The hand loop's process
+    imports this module too; its ``imports_s`` is reported but not its own."""
     code = (
         "import time, json, sys; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
         "from bench.gpu import first_step; print(json.dumps({'import_torch_s': t1 - t0, "
-        "'to_first_step_s': first_step(sys.argv[1:]) - t1}))"
+        "**first_step(sys.argv[1], sys.argv[2:], t1)}))"
     )
-    out = subprocess.run([sys.executable, "-c", code, *overrides, f"train.device={device.type}"],
-                         cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    phases = {}
+    for loop in ("kit", "hand"):
+        out = subprocess.run([sys.executable, "-c", code, loop, *overrides, f"train.device={device.type}"],
+                             cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+        phases[loop] = json.loads(out.stdout.strip().splitlines()[-1])
+    kit = phases["kit"]
+    return {**kit, "to_first_step_s": kit["imports_s"] + kit["context_s"] + kit["first_step_s"], "hand": phases["hand"]}
 
 
-def first_step(overrides: list[str]) -> float:
-    """When one step of the kit's loop is done (its kernels finished), by perf_counter."""
+def first_step(loop: str, overrides: list[str], after_torch: float) -> dict:
+    """Seconds, by perf_counter, from ``after_torch`` to: this module imported (``imports_s``);
+    the device's context made (``context_s``); one step of ``loop`` done, its kernels finished,
+    the model and data built before it (``first_step_s``)."""
+    imported = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load(Config, None, [*overrides, "train.steps=1", f"train.run_dir={tmp}"])
         env = from_environ({}, device=cfg.train.device)
-        run(cfg, env, quiet=True)
-        synchronize(torch.device(env.device))
-        return time.perf_counter()
+        device = torch.device(env.device)
+        torch.empty(1, device=device)
+        synchronize(device)
+        context = time.perf_counter()
+        if loop == "kit":
+            run(cfg, env, quiet=True)
+        else:
+            hand_loop(cfg, device, 1)
+        synchronize(device)
+        done = time.perf_counter()
+    return {"imports_s": imported - after_torch, "context_s": context - imported, "first_step_s": done - context}
 
 
 def benchmark(overrides: list[str], device: torch.device, precisions: list[str], rounds: int, steps: int,
@@ -225,7 +243,10 @@ def table(result: dict) -> list[str]:
         ratio = f"{r['vs_hand']:.3f}" if "vs_hand" in r else ""
         lines.append(f"| {r['loop']} | {r['precision']} | {ms} | {r['tflops']:.3g} | {share} | {ratio} |")
     lines += ["", f"Start-up of a fresh process: `import torch` {s['import_torch_s']:.2f} s, then "
-                  f"{s['to_first_step_s']:.2f} s to the end of its first step."]  # fmt: skip
+                  f"{s['to_first_step_s']:.2f} s to the end of its first step: the kit's imports {s['imports_s']:.2f} s, "
+                  f"the device's context {s['context_s']:.2f} s, the model and data built and step 1 "
+                  f"{s['first_step_s']:.2f} s (the hand loop's, in a process of its own: context "
+                  f"{s['hand']['context_s']:.2f} s, built and step 1 {s['hand']['first_step_s']:.2f} s)."]  # fmt: skip
     return lines
 
 

@@ -18,6 +18,7 @@ one task per node running torchrun, whose workers are the ranks.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 
 import yaml
@@ -186,10 +187,13 @@ def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str, time_
 def code_env(spec: JobSpec, code: Snapshot | None) -> dict[str, str]:
     """The spec's environment; where the snapshot holds the kit itself (the built-in trainer,
     or a program in the kit's tree), PYTHONPATH puts it first, so every step runs the
-    submitted kit (``-P`` keeps the working directory off the path)."""
+    submitted kit (``-P`` keeps the working directory off the path); after it, the spec's
+    PYTHONPATH, else the one this submission runs with, which the ranks would have inherited
+    (packages a GPU box or a module system puts there)."""
     env = dict(spec.env)
     if code is not None and code.kit:
-        env["PYTHONPATH"] = ":".join(p for p in (code.tree, env.get("PYTHONPATH", "")) if p)
+        rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = ":".join(p for p in (code.tree, rest) if p)
     return env
 
 

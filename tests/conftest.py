@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_module(
-    *args: str, env: dict | None = None, timeout: float = 300, cwd: Path = ROOT
+    *args: str, env: dict | None = None, timeout: float = 300, cwd: Path = ROOT, python: str = sys.executable
 ) -> subprocess.CompletedProcess:
     """Run ``python -m <args>`` as a user would, capturing output. At the timeout it is killed
     with its descendants: subprocess.run kills only its child, and a torchrun agent's ranks (in
@@ -20,7 +20,7 @@ def run_module(
     from cluster.system.processes import kill_after, with_descendants
 
     full_env = {**os.environ, **(env or {})}
-    argv = [sys.executable, "-m", *args]
+    argv = [python, "-m", *args]
     with subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as proc:  # fmt: skip
         try:
@@ -78,8 +78,8 @@ def pip_setting(key: str) -> str:
 def docker_engine():
     """A Docker SDK client where an engine answers (tests/provision.sh starts dockerd), else None;
     None too in an interpreter without the SDK (a GPU box's own, make gpu-check PY=python3)."""
-    try:
-        import docker
+    try:  # a submodule: without the SDK, `import docker` from the root finds the kit's docker/ folder
+        import docker.errors
     except ImportError:
         return None
     try:

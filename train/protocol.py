@@ -32,6 +32,7 @@ import platform
 import re
 import signal
 import struct
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -338,11 +339,35 @@ def installed_packages() -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
+# A distribution's metadata folder: its name (``-`` written ``_``) and version
+METADATA_FOLDER = re.compile(r"([^-]+)-([^-]+)\.(?:dist|egg)-info")
+# The distributions a start record names: these, and those named from these prefixes (nvidia-nccl-cu12 ...)
+RUNTIME, RUNTIME_PREFIXES = ("torch", "torch-cluster-kit"), ("nvidia-cuda-runtime", "nvidia-nccl")
+
+
+def runtime_packages() -> dict[str, str]:
+    """``installed_packages`` of the distributions a start record names, from the names of their
+    metadata folders on ``sys.path`` alone, the first found kept as Python imports it: a rank's
+    start reads no metadata (all 400 distributions' of a GPU image took 0.77 s of it)."""
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if m := METADATA_FOLDER.fullmatch(name):
+                dist = m[1].lower().replace("_", "-")
+                if dist in RUNTIME or dist.startswith(RUNTIME_PREFIXES):
+                    found.setdefault(dist, m[2])
+    return found
+
+
 def runtime_versions(packages: dict[str, str] | None = None) -> dict[str, str | None]:
     """Python, torch, CUDA, NCCL and the kit (its version and where it was imported from: the
     job's code snapshot, an image, site-packages), as installed where this runs (a node, an image):
     CUDA and NCCL from the wheels torch ships them in, else from torch's own ``+cuXYZ`` tag."""
-    packages = installed_packages() if packages is None else packages
+    packages = runtime_packages() if packages is None else packages
     torch = packages.get("torch")
     cuda = next((v for k, v in packages.items() if k.startswith("nvidia-cuda-runtime")), None)
     if cuda is None and torch and (tag := re.search(r"\+cu(\d+)(\d)$", torch)):

@@ -28,14 +28,13 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
-import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import train
 from cluster.spec import JobSpec, find_module
+from cluster.system.kit import KIT_ROOT, installed
 from train.errors import ConfigError
 
 STORE = ".snapshots"  # under the log root
@@ -109,14 +108,6 @@ class Snapshot:
     @classmethod
     def from_json(cls, data: dict) -> Snapshot:
         return cls(**data)
-
-
-def installed(path: Path) -> bool:
-    """Installed software (the interpreter's library, site-packages): recorded by the package
-    list and the image, not copied."""
-    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    roots |= {sys.prefix, sys.base_prefix, "/usr", "/bin", "/sbin", "/opt/conda"}
-    return any(path.is_relative_to(r) for r in roots if r and r != "/")
 
 
 def git(cwd: str | Path, *args: str) -> str | None:
@@ -395,5 +386,5 @@ def take(
         except OSError as exc:
             raise ConfigError(str(store), f"cannot write the code snapshot there: {exc.strerror or exc}") from None
     size = sum(entry[2] for entry in manifest.values())
-    kit = Path(train.__file__).resolve().parent.parent == root  # the ranks import the kit from the snapshot
+    kit = KIT_ROOT == root  # the ranks import the kit from the snapshot
     return Snapshot(digest, str(root), str(tree), len(manifest), size, facts, kit, notes, diff, tuple(created))

@@ -35,7 +35,9 @@ def test_the_gpu_benchmark_runs_whole_on_the_cpu(capsys):
         assert r["tflops"] > 0 and r["mfu"] is None  # no peak for a CPU
         assert ("vs_hand" in r) == (loop == "kit") and r.get("vs_hand", 1) > 0
     assert result["threads"] == 8  # jobs/bench_gpu.yaml's cpus_per_task, not one
-    assert result["startup"]["to_first_step_s"] > 0 and result["startup"]["import_torch_s"] > 0
+    startup = result["startup"]
+    assert startup["import_torch_s"] > 0 and startup["to_first_step_s"] > startup["first_step_s"] > 0
+    assert startup["hand"]["first_step_s"] > 0 and startup["hand"]["context_s"] >= 0
     text = "\n".join(table(result))
     assert "| kit | bf16_params |" in text and "to the end of its first step" in text
 

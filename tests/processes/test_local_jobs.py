@@ -1,5 +1,10 @@
 """Real multi-rank jobs through the local launcher, with real failures."""
 
+import json
+import subprocess
+import sys
+import sysconfig
+
 import pytest
 
 from tests.conftest import run_module
@@ -7,6 +12,23 @@ from tests.support.jobs import cancel, job_running, kill_rank_and_wait_end, logs
 
 pytestmark = pytest.mark.slow
 FAST = ["train.steps=40", "train.log_every=5", "train.eval_every=20", "tasks_per_node=3", "train.batch_size=63"]
+
+
+def test_a_checkout_runs_its_jobs_where_the_kit_is_not_installed(tmp_path):
+    """A GPU box's own interpreter (make gpu-check PY=python3): the kit not installed, the packages
+    it needs on PYTHONPATH. Its processes start with ``-P``, off the working directory where
+    ``python -m cluster`` found the kit: the local launcher's controller and the ranks, which
+    import the kit from its snapshot or, without one, from its tree, find it and the packages."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    packages = sysconfig.get_paths()["purelib"]  # on PYTHONPATH, its .pth files (the kit's editable install) go unread
+    for snapshot in ("true", "false"):
+        runs = tmp_path / f"snapshot-{snapshot}"
+        result = run_module("cluster", "submit", "jobs/local.yaml", f"log_dir={runs}", f"snapshot={snapshot}", "--json",
+                            "--wait", *FAST, env={"PYTHONPATH": packages}, python=str(bare / "bin/python"))  # fmt: skip
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        job_dir = runs / "local" / json.loads(result.stdout.splitlines()[0])["job_id"]
+        assert "rank 2/3 on " in (job_dir / "rank_00002.log").read_text()
 
 
 def test_local_job_completes_with_a_log_per_rank(tmp_path):

@@ -210,3 +210,39 @@ def test_the_shim_imports_the_projects_code_from_the_snapshot_and_the_rest_where
     assert in_snapshot(str(repo), root, tree) == tree
     assert in_snapshot(str(repo / ".venv/lib/site-packages"), root, tree) == str(repo / ".venv/lib/site-packages")
     assert in_snapshot("/usr/lib/python3", root, tree) == "/usr/lib/python3"
+
+
+def test_the_kits_snapshot_goes_first_on_the_path_and_the_inherited_one_after_it(repo, tmp_path, monkeypatch):
+    """A GPU box's packages on PYTHONPATH (no pip there) reach the ranks that import the kit from
+    its snapshot; the spec's own PYTHONPATH takes the inherited one's place, as an export would."""
+    from dataclasses import replace
+
+    from cluster.plan import make_plan
+    from cluster.request import make_request
+    from cluster.spec import JobSpec
+    from train.config import build
+
+    code = replace(take(repo, tmp_path / "runs"), kit=True)
+    monkeypatch.setenv("PYTHONPATH", "/opt/site")
+    for env, want in [({}, f"{code.tree}:/opt/site"), ({"PYTHONPATH": "lib"}, f"{code.tree}:lib")]:
+        spec = build(JobSpec, {"cluster": "local", "env": env})
+        assert dict(make_request(spec, make_plan(spec), "python", code=code).env)["PYTHONPATH"] == want
+
+
+def test_a_start_records_versions_read_from_folder_names_match_the_metadata(tmp_path, monkeypatch):
+    """runtime_packages reads no metadata file: the same versions as installed_packages, which
+    reads them all, with the first of two torches on the path winning as in an import."""
+    from train.protocol import installed_packages, runtime_packages, runtime_versions
+
+    wheels = {"first": {"torch": "2.11.0+cu130", "nvidia_nccl_cu13": "2.28.3", "nvidia_cuda_runtime": "13.0.96",
+                        "torchmetrics": "1.9.0", "PyYAML": "6.0.2"},
+              "second": {"torch": "2.6.0", "torch_cluster_kit": "0.1.0"}}  # fmt: skip
+    for entry, dists in wheels.items():
+        for name, version in dists.items():
+            info = tmp_path / entry / f"{name}-{version}.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "first"), str(tmp_path / "missing"), str(tmp_path / "second")])
+    assert runtime_versions() == runtime_versions(installed_packages())
+    assert runtime_packages() == {"torch": "2.11.0+cu130", "nvidia-nccl-cu13": "2.28.3",
+                                  "nvidia-cuda-runtime": "13.0.96", "torch-cluster-kit": "0.1.0"}  # fmt: skip
