@@ -184,6 +184,10 @@ def pytest_sessionfinish(session, exitstatus):
     from cluster.system.poll import WaitTimeout, wait_until
     from cluster.system.processes import kill_after
 
+    if (inductor := sys.modules.get("torch._inductor.async_compile")) is not None:
+        # train.compile in this process (the gpu tier) started torch's pool of compile workers,
+        # 16 on a 16-core GPU machine: torch's, ended with it, not a job's
+        inductor.shutdown_compile_workers()
     temp = session.config._tmp_path_factory.getbasetemp()  # every test's jobs write under it
     left = job_processes
     try:  # teardowns of the last test's job may still be running
