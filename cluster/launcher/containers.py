@@ -43,8 +43,12 @@ ENGINE_HELP = (
 def sdk():
     """The Docker SDK (a dependency of the kit), imported on first use."""
     # lazy for start-up time: 0.15 s that `cluster logs` of other backends' jobs need not pay
-    import docker.types  # docker itself, and the module of DeviceRequest
-
+    try:
+        import docker.types  # docker itself, and the module of DeviceRequest
+    except ImportError:  # where it is missing, a checkout's root finds the kit's docker/ folder instead
+        raise ConfigError(
+            "cluster", "cluster=docker needs the Docker SDK in this interpreter: pip install docker"
+        ) from None
     return docker
 
 

@@ -5,11 +5,12 @@ The image tier runs real jobs in the kit's image (``kit_image``) on the Docker e
 tests/provision.sh starts: the same files, triage, snapshot and cancel as the other executors,
 and nothing left behind."""
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from cluster.launcher.containers import LABEL, container_configs, node_gpus
+from cluster.launcher.containers import LABEL, container_configs, node_gpus, sdk
 from cluster.plan import make_plan
 from cluster.request import make_request
 from cluster.spec import JobSpec
@@ -110,3 +111,10 @@ def test_dry_run_prints_the_network_and_every_containers_docker_run(tmp_path):
     assert "--hostname=node1 '--network=multi-node-$JOB_ID' --network-alias=node1" in out
     assert "--node 1 --step preflight" in out and "--node 0 --step train" in out
     assert not any(tmp_path.iterdir())
+
+
+def test_cluster_docker_without_the_sdk_is_bad_input_naming_it(monkeypatch):
+    """From a checkout's root, ``import docker`` without the SDK would find the kit's docker/ folder."""
+    monkeypatch.setitem(sys.modules, "docker", None)  # as if not installed
+    with pytest.raises(ConfigError, match="Docker SDK"):
+        sdk()
