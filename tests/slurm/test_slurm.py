@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cluster.system import minicluster
-from cluster.system.poll import wait_until
+from cluster.system.poll import WaitTimeout, wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.bad_specs import BAD
 from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
@@ -209,7 +209,8 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
     - PyTorch Lightning's Trainer in per-task ranks (as ``srun python script.py``): Lightning
       installs its SLURM auto-requeue where it sees no handler (the shim's is hidden from it),
       saves its HPC checkpoint at the signal, requeues the job itself, and the next attempt
-      restores from that checkpoint.
+      restores from that checkpoint (or, Lightning's own bug, its handler hangs in that save
+      and never requeues: then it must not have got as far as its requeue);
     No batch log holds "User defined signal 1" (a rank or agent killed by the signal).
     Each job's time is more than its signal's lead + 60 s: SLURM may send it up to 60 s
     early (sbatch --signal), and a job of 2 min with USR1@90 once, under load, had no rank
@@ -246,9 +247,14 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
         wait_requeued(ids["multi-node"])  # by rank 0, after the checkpoint
         wait_until(lambda: any(r["event"] == "resume" for r in records()), 180, "the second attempt to resume")
         wait_for_line(dirs["handled"] / "rank_00000.attempt1.log", f"resumed from {ckpt}", timeout=300)
-        wait_requeued(ids["lightning"])  # by Lightning's own handler, after its HPC checkpoint
-        wait_for_line(dirs["lightning"] / "rank_00000.attempt1.log", "Restored all states from the checkpoint",
-                      timeout=300)  # fmt: skip
+        try:
+            wait_requeued(ids["lightning"])  # by Lightning's own handler, after its HPC checkpoint
+            lightning_requeued = True
+        except WaitTimeout:  # Lightning's handler may hang in its checkpoint: asserted below
+            lightning_requeued = False
+        if lightning_requeued:
+            wait_for_line(dirs["lightning"] / "rank_00000.attempt1.log", "Restored all states from the checkpoint",
+                          timeout=300)  # fmt: skip
         wait_until(lambda: ids["unhandled"] not in squeue_ids(), 300, "the unhandled job's time limit")
     finally:
         subprocess.run(["scancel", *ids.values()], check=False)
@@ -256,8 +262,13 @@ def test_the_time_limit_signal_in_every_launch_mode(tmp_path):
     resumed = [r["step"] for r in records() if r["event"] == "resume"]
     assert preempted and resumed == preempted[:1], (preempted, resumed)
     assert "preemption signal (SIGUSR1): checkpoint saved" in (dirs["multi-node"] / "rank_00000.log").read_text()
-    assert "Handling auto-requeue signal" in (dirs["lightning"] / "rank_00000.log").read_text()
-    assert (tmp_path / "pl" / "hpc_ckpt_1.ckpt").exists()
+    lightning_log = (dirs["lightning"] / "rank_00000.log").read_text()
+    assert "Handling auto-requeue signal" in lightning_log  # the signal reached Lightning's own handler
+    if lightning_requeued:
+        assert (tmp_path / "pl" / "hpc_ckpt_1.ckpt").exists()
+    else:  # Lightning saves inside the signal handler, which can hang there until the time limit
+        # (Lightning-AI/pytorch-lightning#21406, seen once in CI): it never got to its requeue
+        assert "requeing job" not in lightning_log, lightning_log[-3000:]
     for rank in (0, 1):
         assert "got SIGUSR1 1 time(s); saved" in (dirs["handled"] / f"rank_{rank:05d}.log").read_text()
         assert "shim: SIGUSR1 came" in (dirs["unhandled"] / f"rank_{rank:05d}.log").read_text()
