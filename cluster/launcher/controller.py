@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from cluster.jobdir import LAUNCH, JobDir
 from cluster.system import processes
-from cluster.system.kit import kit_on_path
+from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
 from train.protocol import master_port_for_job, parse_time_limit_signal
 
@@ -50,7 +50,7 @@ def start(job_root: Path, python: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,  # never the caller's pipe: `submit ... | tee` must not wait for the job
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=kit_on_path(dict(os.environ)),
+        env=kit_env(),
     )
 
 

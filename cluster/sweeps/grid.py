@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from cluster.submission import code_of, function_spec, load_spec, make_submissio
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from cluster.system import processes
-from cluster.system.kit import kit_on_path
+from cluster.system.kit import kit_env
 from train.config import ConfigError, parse_override
 
 
@@ -263,7 +262,7 @@ def start(sweep: Sweep, indices: list[int], max_parallel: int | None = None) -> 
             [config["python"], "-P", "-m", "cluster.sweeps.runner", str(sweep.path.resolve()),
              str(max_parallel or config["max_parallel"]), *map(str, indices)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=config["cwd"],
-            start_new_session=True, env=kit_on_path(dict(os.environ)),
+            start_new_session=True, env=kit_env(),
         )  # fmt: skip
     record = {"pid": runner.pid, "started": processes.start_time(runner.pid), "points": indices}
     (sweep.path / RUNNER).write_text(json.dumps(record))

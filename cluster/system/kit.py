@@ -18,11 +18,13 @@ def installed(path: Path) -> bool:
     return any(path.is_relative_to(r) for r in roots if r and r != "/")
 
 
-def kit_on_path(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the kit's tree first on PYTHONPATH, where the kit is not installed. The kit
-    starts its own processes with ``python -P`` (the working directory off the path, so that a
-    user's ``train.py`` there cannot shadow it); a checkout run without ``pip install`` from its
-    root (``python -m cluster``, a GPU box's own interpreter) is found only through it."""
+def kit_env() -> dict[str, str]:
+    """This process's environment, with the kit's tree first on PYTHONPATH where the kit is not
+    installed: for the processes the kit starts. It starts them with ``python -P`` (the working
+    directory off the path, so that a user's ``train.py`` there cannot shadow it); a checkout run
+    without ``pip install`` from its root (``python -m cluster``, a GPU box's own interpreter) is
+    found only through it."""
+    env = dict(os.environ)
     if installed(KIT_ROOT):
         return env
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(KIT_ROOT), env.get("PYTHONPATH", "")) if p)}

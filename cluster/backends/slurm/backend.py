@@ -7,7 +7,6 @@ needs slurmdbd, which many clusters (and the test minicluster) lack.
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import signal
@@ -17,7 +16,7 @@ from pathlib import Path
 from cluster.backends.base import Arrays, Backend, Say, State, Submission, Traits
 from cluster.jobdir import ARRAY_TASK_SCRIPT, PLAN, JobDir
 from cluster.logs.stacks import compress
-from cluster.system.kit import kit_on_path
+from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
 from cluster.system.processes import native_stack
 from train.errors import ConfigError
@@ -73,8 +72,7 @@ def sbatch(script: str) -> str:
     The job gets this environment (sbatch's ``--export=ALL``), the kit's tree on its path where
     the kit is not installed."""
     require_sbatch()
-    env = kit_on_path(dict(os.environ))
-    done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True, env=env)
+    done = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True, env=kit_env())
     if done.returncode != 0:
         raise ConfigError("sbatch", f"SLURM refused the job: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout.strip().split(";")[0]
