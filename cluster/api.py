@@ -244,6 +244,13 @@ class Job:
         spec and overrides, versions, packages' hash, image, and the nodes of each attempt."""
         return provenance(self.ref.job_dir)
 
+    def page(self, out: str | Path | None = None, running: bool | None = None) -> Path:
+        """``cluster page``: the job on one HTML page (default ``<job dir>/page.html``) and its
+        TensorBoard events; the page's path."""
+        from cluster.views.publish import publish_once  # lazy: the drawing machinery, for the views alone
+
+        return publish_once(self.ref.job_dir, Path(out) if out else None, running)[0]
+
     def rerun(self, *overrides: str, **values: Any) -> Job:
         """This job again: its code snapshot and resolved spec, the overrides on top (``cluster rerun``)."""
         return rerun(self.job_dir, *overrides, **values)
@@ -383,6 +390,13 @@ class SweepJob:
     def wait(self, timeout: float | None = None, interval: float = 2.0) -> dict:
         wait_until(self.done, math.inf if timeout is None else timeout, f"sweep {self.path}", interval)
         return self.table()
+
+    def page(self, out: str | Path | None = None, metric: str | None = None, mode: str = "min") -> Path:
+        """``cluster page SWEEP``: the points' table, each parameter against the metric, every
+        point's curve, and each point's own page; the sweep page's path."""
+        from cluster.views.publish import publish_sweep  # lazy, as Job.page
+
+        return publish_sweep(self.sweep, Path(out) if out else None, metric, mode)[0]
 
     def cancel(self, grace_s: float = 20.0, say: Say = say_stderr) -> None:
         """The runner first (no point starts after it), then every point still running."""

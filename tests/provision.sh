@@ -1,8 +1,9 @@
 #!/bin/bash
 # What `make test` needs beyond the venv, on a fresh machine: SLURM (the minicluster tier),
 # the Docker Engine (cluster=docker and the image tier; podman is the CLI fallback),
-# debootstrap (the local base image), git (work trees for the code snapshot's tests) and g++
-# (torch.compile's inductor on the CPU: train.compile's test). Installs them with apt-get as
+# debootstrap (the local base image), git (work trees for the code snapshot's tests), g++
+# (torch.compile's inductor on the CPU: train.compile's test) and Chromium with its driver (the
+# browser tier). Installs them with apt-get as
 # root and starts the minicluster and dockerd; elsewhere it says which tiers will skip and how
 # to enable them.
 # Idempotent: a second run installs nothing and finds the cluster up.
@@ -19,6 +20,8 @@ command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v git >/dev/null || need+=(git)  # the code snapshot's tests make git work trees
 command -v g++ >/dev/null || need+=(g++)  # inductor compiles C++ for train.compile on the CPU
+command -v chromium >/dev/null || need+=(chromium)  # the browser tier: the job and sweep pages, headless
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "provision: installing ${need[*]} (apt-get)"
@@ -26,7 +29,7 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   else
     echo "provision: missing ${need[*]}: the SLURM and image tiers will skip." >&2
-    echo "provision: as root: apt-get install -y slurm-wlm munge podman runc debootstrap docker.io git g++" >&2
+    echo "provision: as root: apt-get install -y slurm-wlm munge podman runc debootstrap docker.io git g++ chromium chromium-driver" >&2
   fi
 fi
 # Started before the suite: scontrol needs a slurm.conf even to expand host lists.

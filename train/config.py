@@ -141,6 +141,9 @@ class TrainConfig:
     # A loss that turns nan or inf stops the run at the next log interval (the step, the rank
     # and the last finite loss in the error) instead of training on nonsense to the end.
     stop_on_nonfinite: bool = True
+    # Rank 0 writes its step records' numbers as TensorBoard events into <run_dir>/tensorboard
+    # as it trains (`tensorboard --logdir runs/`; train/tensorboard.py).
+    tensorboard: bool = True
     # Failures made on purpose (see train/faults.py): raise on rank ``fail_rank`` when step
     # ``fail_at_step`` starts; loop forever on ``hang_rank`` at ``hang_at_step``; one extra
     # all_reduce of another shape on ``extra_collective_rank`` at ``extra_collective_at_step``.

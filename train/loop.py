@@ -26,6 +26,7 @@ from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
 from train.preempt import armed
 from train.protocol import CHECKPOINTS, RecordWriter, runtime_versions
+from train.tensorboard import Board
 
 NON_FINITE_HINT = "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
 
@@ -204,6 +205,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
         f"device {ctx.device} | {parameter_count(cfg.model):,} parameters"
     )
+    board = Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say)
     ckpt_dir = Path(t.run_dir) / CHECKPOINTS
     start = 0
     # A checkpoint here is this run's own: written at its intervals or at the time-limit signal.
@@ -288,6 +290,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
                 record["final"] = True
                 record["state_bytes"] = memory
             writer.write("step", **record)
+            board.step(record)
             say(format_line(record, t.steps))
             if t.stop_on_nonfinite:
                 finite = check_finite(record, env.rank, finite)
@@ -312,6 +315,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         watchdog.stop()
         loader.close()
         writer.close()
+        board.close()
     return record
 
 

@@ -62,8 +62,10 @@ def lead_own_group() -> None:
         os.setpgid(0, 0)
 
 
-def stamp_descriptors() -> None:
-    """Descriptors 1 and 2 through ``train.stamper``, to where they pointed before."""
+def stamp_descriptors(metrics: tuple[str, str] | None = None) -> None:
+    """Descriptors 1 and 2 through ``train.stamper``, to where they pointed before.
+    ``metrics``: (metrics file, progress file): the stamper reads metrics from the lines
+    (``train.metrics``) and writes them there, at the step the progress file holds."""
     global _stamper
     lead_own_group()  # before the stamper starts: it learns the rank's group from its own
     sys.stdout.flush()
@@ -75,7 +77,16 @@ def stamp_descriptors() -> None:
     alive, alive_write = os.pipe()
     fds = [fd for (read, _), target in zip(pipes, targets) for fd in (read, target)]
     _stamper = subprocess.Popen(
-        [sys.executable, "-P", "-m", "train.stamper", str(os.getpid()), str(os.getppid()), *map(str, fds)],
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "train.stamper",
+            str(os.getpid()),
+            str(os.getppid()),
+            *(["--metrics", *metrics] if metrics else []),
+            *map(str, fds),
+        ],  # fmt: skip
         pass_fds=[*fds, alive_write],
         stdin=subprocess.DEVNULL,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the kit's own train package
@@ -130,9 +141,10 @@ def copy_pipes(reads: list[int], targets: list[int]) -> bool:
     return still_open
 
 
-def timestamp_lines() -> None:
-    """Every line of the rank stamped (by the stamper), and written as it is printed."""
-    stamp_descriptors()
+def timestamp_lines(metrics: tuple[str, str] | None = None) -> None:
+    """Every line of the rank stamped (by the stamper), and written as it is printed;
+    ``metrics``: as ``stamp_descriptors``."""
+    stamp_descriptors(metrics)
     sys.stdout = sys.__stdout__ = interpreters_stream(1, sys.stdout)
     sys.stderr = sys.__stderr__ = interpreters_stream(2, sys.stderr)
 

@@ -9,6 +9,8 @@ Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
     rank_00003.attempt1.log        the same after the first requeue or restart
     rank_00003.jsonl               its JSON records, one object per line
     rank_00003.progress            its last optimizer step, the step's time and its pid (``Progress``)
+    rank_00003.metrics.jsonl       a program's metrics, read from what it prints (``train.metrics``)
+    tensorboard/                   TensorBoard's event files: the built-in trainer's rank 0, the kit's
 Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step``
 (one per log interval: STEP_FIELDS; the last of a finished built-in run has ``final: true``),
 ``end`` (a user's program returned:
@@ -162,6 +164,15 @@ def record_name(rank: int) -> str:
 
 def progress_name(rank: int) -> str:
     return f"rank_{rank:05d}.progress"
+
+
+def metrics_name(rank: int) -> str:
+    """A program's metric series, one record per step (``train.metrics.MetricsTap``)."""
+    return f"rank_{rank:05d}.metrics.jsonl"
+
+
+# TensorBoard's event files of a job, in its directory: `tensorboard --logdir runs/` shows every job
+TENSORBOARD = "tensorboard"
 
 
 # step, the time it ended (seconds since the epoch), the pid of the process that made it

@@ -61,7 +61,9 @@ from train.protocol import (
     Progress,
     RecordWriter,
     log_name,
+    metrics_name,
     parse_time_limit_signal,
+    progress_name,
     runtime_versions,
     stamp,
 )
@@ -305,7 +307,8 @@ def main(argv: list[str]) -> None:
     job_dir = Path(args.job_dir)
     if args.rank_log:
         redirect_to(job_dir / log_name(env.rank, env.restart))
-    timestamp_lines()
+    # the program's metrics, from what it prints, at the steps its optimizer makes
+    timestamp_lines((str(job_dir / metrics_name(env.rank)), str(job_dir / progress_name(env.rank))))
     install_dumps()
     time_limit = parse_time_limit_signal(args.time_limit_signal)[0] if args.time_limit_signal else None
     signals = None  # before the start record, which tells a reader that the shim's handlers are in place

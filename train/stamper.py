@@ -1,5 +1,5 @@
-"""``python -P -m train.stamper RANK LAUNCHER IN OUT [IN OUT]``: stamps every line a rank writes to its file
-descriptors 1 and 2, Python's prints and what is written below Python (NCCL, gloo and c10d's
+"""``python -P -m train.stamper RANK LAUNCHER [--metrics FILE PROGRESS] IN OUT [IN OUT]``: stamps every line a
+rank writes to its file descriptors 1 and 2, Python's prints and what is written below Python (NCCL, gloo and c10d's
 C++ messages, any C library), so that the log inspector can date the lines that matter most
 on a GPU cluster.
 
@@ -12,6 +12,11 @@ the last writer is gone. Left as they are: lines already stamped (the kit's own 
 written with one ``os.write``), and faulthandler's dumps, which the inspector reads as one
 unstamped block dated by the line before it. It ignores every signal a launcher sends a
 step's processes (the time-limit signal, SIGTERM), so that it drains what is left.
+
+With ``--metrics`` it also reads each line the rank writes for metrics (``train.metrics``: a
+loss in any of the shapes widely used trainers print) and keeps them, one record per step, in
+FILE, the step of a line that names none taken from the rank's PROGRESS file (the shim's count
+of optimizer steps, ``train.protocol.Progress``) when the line is read.
 
 It also ends what the rank leaves running (``Leftovers``). The rank leads a process group of its
 own (``train.output.lead_own_group``), and whatever it started is in it: a DataLoader's workers,
@@ -34,7 +39,8 @@ import signal
 import sys
 import time
 
-from train.protocol import STAMP_LENGTH, STAMPED_BYTES, stamp
+from train.metrics import MetricsTap
+from train.protocol import PROGRESS_FORMAT, STAMP_LENGTH, STAMPED_BYTES, stamp, strip_stamp
 
 # faulthandler's line forms (CPython's faulthandler.c and traceback.c), and blank lines.
 FAULTHANDLER = re.compile(
@@ -52,6 +58,49 @@ OWN_LINE = re.compile(
 DECIDE_AFTER_S = 0.2  # a partial line (a progress bar) waits this long for the bytes that decide it
 LEFTOVERS = "the rank is gone; what it started still runs"  # the note, with the pids
 KILL_WAIT_S = 5.0  # from SIGTERM to SIGKILL for what the rank left, as SLURM's KillWait on the minicluster
+LINE_LIMIT = 1 << 16  # a "line" longer than this without an end is not read for metrics
+LINE_END = re.compile(rb"[\r\n]")
+
+
+class Lines:
+    """A stream's bytes as lines for the metrics tap: ``\r`` ends one too (a progress bar's
+    redraw, whose postfix holds Lightning's loss); a line's stamp, where it has one, is taken off."""
+
+    def __init__(self, tap: MetricsTap):
+        self.tap, self.partial = tap, b""
+
+    def feed(self, data: bytes, final: bool = False) -> None:
+        parts = LINE_END.split(self.partial + data)
+        self.partial = parts.pop()
+        if len(self.partial) > LINE_LIMIT:
+            self.partial = b""
+        if final and self.partial:
+            parts.append(self.partial)
+            self.partial = b""
+        try:
+            for part in parts:
+                if part:
+                    self.tap.line(strip_stamp(part.decode(errors="replace")))
+        except Exception as exc:  # the stamper is never a point of failure: metrics stop, lines go on
+            self.tap.stop(exc)
+
+
+def counted_step(progress: str, rank: int):
+    """A reader of the rank's progress file: its step where the rank (pid ``rank``) wrote it,
+    0 before its first step, None where no file is (a ``command``: nothing counts its steps)."""
+
+    def read() -> int | None:
+        try:
+            with open(progress, "rb") as f:
+                data = f.read(PROGRESS_FORMAT.size)
+        except FileNotFoundError:
+            return None
+        if len(data) != PROGRESS_FORMAT.size:
+            return 0
+        step, _, pid = PROGRESS_FORMAT.unpack(data)
+        return step if pid == rank else 0  # a file left by an earlier attempt's process: not yet
+
+    return read
 
 
 class Sink:
@@ -77,10 +126,11 @@ class Sink:
 
 
 class Stream:
-    """One pipe: the start of a line is held until it shows whether it needs a stamp."""
+    """One pipe: the start of a line is held until it shows whether it needs a stamp.
+    ``lines``: where its bytes go to be read for metrics, as they come."""
 
-    def __init__(self, out: Sink):
-        self.out = out
+    def __init__(self, out: Sink, lines: Lines | None = None):
+        self.out, self.lines = out, lines
         self.head = b""  # the start of the current line, not yet decided
         self.decided = False  # the current line's start is written; the rest goes straight through
         # Its open line was ended by the other stream's write: the line end it sends next (tqdm's
@@ -88,6 +138,8 @@ class Stream:
         self.ended = False
 
     def feed(self, data: bytes, final: bool = False) -> None:
+        if self.lines is not None:
+            self.lines.feed(data, final)
         if self.ended and data:
             self.ended = False
             data = data.removeprefix(b"\r\n" if data.startswith(b"\r\n") else b"\n")
@@ -203,9 +255,13 @@ def main(argv: list[str]) -> None:
     sinks: dict[tuple[int, int], Sink] = {}  # one per file: stdout and stderr to one log share it
     streams = {}
     rank, launcher, argv = int(argv[0]), int(argv[1]), argv[2:]  # the rank's pid, its parent's
+    tap = None
+    if argv[0] == "--metrics":
+        tap, argv = MetricsTap(argv[1], counted_step(argv[2], rank)), argv[3:]
     for i, o in zip(argv[::2], argv[1::2]):
         found = os.fstat(int(o))
-        streams[int(i)] = Stream(sinks.setdefault((found.st_dev, found.st_ino), Sink(int(o))))
+        sink = sinks.setdefault((found.st_dev, found.st_ino), Sink(int(o)))
+        streams[int(i)] = Stream(sink, Lines(tap) if tap else None)
     leftovers = Leftovers(rank, launcher, streams[int(argv[-2])].out.note)  # notes go where the rank's stderr goes
     while streams:
         leftovers.check()
@@ -213,11 +269,15 @@ def main(argv: list[str]) -> None:
         if not ready:
             for s in streams.values():
                 s.flush_partial()
+            if tap is not None:  # a quiet rank: its last step's metrics are on disk
+                tap.flush_quietly()
         for fd in ready:
             data = os.read(fd, 65536)
             streams[fd].feed(data, final=not data)
             if not data:  # every writer is gone
                 del streams[fd]
+    if tap is not None:
+        tap.flush_quietly()
 
 
 if __name__ == "__main__":

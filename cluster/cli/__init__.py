@@ -31,6 +31,8 @@ COMMANDS = {
     "status": "the scheduler's state of a job (a sweep: its points by state)",
     "cancel": "cancel a job (a sweep: its runner and its running points)",
     "logs": "per-rank table, first failing rank and its cascade, hangs, stragglers",
+    "page": "the job (or sweep) on one HTML page: verdict, curves, step times, goodput, ranks, merged logs; "
+    "and its TensorBoard events",
     "snapshot": "every rank of a running job writes its stacks to its log; group ranks by where they are",
     "diff": "what differs between two jobs, two sweep points, or a job and the working tree now: code, spec, "
     "packages, environment, nodes, outcome",
@@ -43,6 +45,7 @@ EXAMPLES = """examples:
   python -m cluster submit jobs/multi_node.yaml nodes=4 train.steps=200 parallel.strategy=fsdp
   python -m cluster submit jobs/local.yaml --wait
   python -m cluster logs runs/local/12345 --json
+  python -m cluster page runs/local/12345          # runs/local/12345/page.html, and TensorBoard's events
   python -m cluster snapshot runs/local/12345
   python -m cluster sweep jobs/local.yaml optim.lr=0.05,0.1 parallel.strategy=ddp,zero1 --max-parallel 2
   python -m cluster logs runs/local/sweep-20261125-040000 --metric test_loss

@@ -37,3 +37,18 @@ def at_least(minimum: float, kind=float, strictly: bool = False):
 
     parse.__name__ = kind.__name__  # argparse's "invalid float value" for what is no number
     return parse
+
+
+def rank_list(text: str) -> list[int]:
+    """An argparse type: ranks as ``0,3-5`` (sorted, each once); argparse names the flag of a
+    list it cannot read (exit 2)."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()) or (dash and int(last) < int(first)):
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a rank or a range of ranks (e.g. 0,3-5)")
+        ranks.update(range(int(first), int(last or first) + 1))
+    return sorted(ranks)
+
+
+rank_list.__name__ = "rank list"

@@ -1,6 +1,6 @@
-"""``cluster logs JOB | SWEEP_DIR [--json] [--rank R] [--follow] [--plot F] [--goodput]``: the
-triage of a job (its per-rank table, first failure, cascade, hang, stragglers), or a sweep's
-table. Its imports are the triage's: 16,384 ranks are read in about the time ``grep -l`` takes,
+"""``cluster logs JOB | SWEEP_DIR [--json] [--rank R|all] [--ranks 0,3-5] [--follow] [--plot F] [--goodput]``:
+the triage of a job (its per-rank table, first failure, cascade, hang, stragglers), or a sweep's
+table; the ranks' logs as one (``--follow``, ``--rank all``: a line several ranks wrote alike, once). Its imports are the triage's: 16,384 ranks are read in about the time ``grep -l`` takes,
 and the goodput ledger and the plots are loaded only where asked for."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import sys
 
-from cluster.cli.common import at_least, job_arguments
+from cluster.cli.common import at_least, job_arguments, rank_list, say
 from cluster.jobdir import JobDir
 from cluster.logs.follow import follow
+from cluster.logs.merge import merged, rank_texts
 from cluster.logs.parallel import collector_paused
-from cluster.logs.plot import plot_goodput, plot_step_times
 from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import inspect, job_is_running
 from cluster.provenance.record import one_line, provenance
@@ -23,9 +23,19 @@ from train.errors import ConfigError
 def add_arguments(parser) -> None:
     job_arguments(parser)
     parser.add_argument("--json", action="store_true", help="one object: ranks, first_failure, cascade, ...")
-    parser.add_argument("--rank", type=int, help="print this rank's log (all attempts)")
-    parser.add_argument("--tail", type=at_least(1, int), default=40, help="lines of --rank to print")
-    parser.add_argument("--follow", action="store_true", help="merged, rank-prefixed live stream of all ranks")
+    parser.add_argument(
+        "--rank", type=rank_or_all, help="print this rank's log (all attempts); all: every rank's, merged"
+    )
+    parser.add_argument(
+        "--ranks", type=rank_list, help="--follow and --rank all: only these ranks (0,3-5)", metavar="0,3-5"
+    )
+    parser.add_argument("--tail", type=at_least(1, int), help="lines of --rank to print (default 40; all: every line)")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="live stream of every rank's log: a line several ranks wrote alike once, with their ranks "
+        "([ranks 0-63] ...); errors and tracebacks never folded",
+    )
     parser.add_argument(
         "--plot",
         help="write step time per rank over steps (with --goodput: the timeline by category; "
@@ -43,13 +53,33 @@ def add_arguments(parser) -> None:
     parser.add_argument("--straggler-margin", type=at_least(0), default=0.2, help="fraction above the median")
 
 
+def rank_or_all(text: str) -> int | str:
+    if text == "all":
+        return text
+    return at_least(0, int)(text)
+
+
+rank_or_all.__name__ = "rank"
+
+
+def chosen_ranks(job_dir: JobDir, ranks: list[int] | None) -> list[int]:
+    world = job_dir.world_size()
+    if ranks and ranks[-1] >= world:
+        raise ConfigError("--ranks", f"rank {ranks[-1]} is not in {job_dir} (world size {world})")
+    return ranks or list(range(world))
+
+
 def run(args) -> int:
     if Sweep.of(args.job):
         return sweep_logs(Sweep.of(args.job), args)
     job_dir = JobDir.find(args.job, args.log_dir)
     if args.follow:
+        from cluster.views.publish import LiveEvents  # here: TensorBoard's writer, --follow's alone
+
+        live = LiveEvents(job_dir, say)
         try:
-            follow(job_dir, list(range(job_dir.world_size())), stop=lambda: job_is_running(job_dir) is not True)
+            follow(job_dir, chosen_ranks(job_dir, args.ranks), stop=lambda: job_is_running(job_dir) is not True,
+                   each_round=live.round)  # fmt: skip
         except KeyboardInterrupt:
             return 0
     with collector_paused():  # the report's objects are freed by reference counting
@@ -61,13 +91,16 @@ def run(args) -> int:
 
             # The report's answer (unknown counts as over, as in the triage): not asked again
             ledger = ledger_of(job_dir, running=bool(report.running))
-        if args.rank is not None:
+        if args.rank == "all":
+            lines = [g.label() for g in merged(rank_texts(job_dir, chosen_ranks(job_dir, args.ranks)))]
+            print("\n".join(lines[-args.tail :] if args.tail else lines))
+        elif args.rank is not None:
             files = job_dir.rank_logs(args.rank)
             if not files:
                 raise ConfigError("--rank", f"no log for rank {args.rank} in {job_dir}")
             for path in files:
                 print(f"==> {path} <==")
-                sys.stdout.write("".join(tail(path, args.tail)))
+                sys.stdout.write("".join(tail(path, args.tail or 40)))
         else:
             print_report(report, ledger, job_dir, args)
         if args.plot:
@@ -77,6 +110,7 @@ def run(args) -> int:
 
 def plot(report, ledger, job_dir: JobDir, args) -> None:
     from cluster.goodput.ledger import group_ledgers  # here, not above: as ledger_of
+    from cluster.views.charts import plot_goodput, plot_step_times  # drawing: --plot's alone
 
     if args.goodput:
         if ledger is None:
@@ -121,7 +155,8 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
 
 def sweep_logs(sweep: Sweep, args) -> int:
     """``cluster logs <sweep dir>``: a row per point; exit 1 when a point failed."""
-    from cluster.sweeps.table import format_sweep, plot_sweep, sweep_table  # a sweep's alone
+    from cluster.sweeps.table import format_sweep, sweep_table  # a sweep's alone
+    from cluster.views.charts import plot_sweep
 
     table = sweep_table(sweep, args.metric, args.mode)
     print(json.dumps(table, indent=1) if args.json else format_sweep(table))

@@ -69,4 +69,9 @@ def run(args) -> int:
     table = sweep.wait()
     if not args.json:
         print(format_sweep(table))
+    try:
+        page = sweep.page()
+        (say if args.json else print)(f"page: {page.resolve().as_uri()}")
+    except Exception as exc:  # the points' outcome is what was waited for: the page is extra
+        say(f"the sweep's page was not written: {type(exc).__name__}: {exc}")
     return 1 if any(r["state"] != "completed" for r in table["points"]) else 0

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from cluster.jobdir import JobDir
 from cluster.logs.scan import scan_log
-from train.protocol import read_records, recent_records, record_name
+from cluster.logs.series import last_values, loss_of
+from train.protocol import metrics_name, read_records, recent_records, record_name
 
 # Records a rank writes while it makes progress: its failure comes after the last of them.
 PROGRESS_EVENTS = ("start", "resume", "first_step", "step")
@@ -83,6 +84,8 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
     if last is not None and last[2] == ev.pid and last[0] > (ev.last_step or 0):
         ev.last_step, ev.progress = last[0], last[1]
         ev.latest = max(ev.latest or 0, last[1])
+    if ev.last_loss is None and metrics_name(rank) in names:  # a program's: what it printed last
+        ev.last_loss = loss_of(last_values(job_dir.file(metrics_name(rank))))
     ev.logs = job_dir.rank_log_files(rank, names)
     ev.scan = scan_log(ev.logs[-1] if ev.logs else None, completed=ev.final, progress=ev.progress)
     return ev

@@ -3,28 +3,22 @@ wall time (from its launch to its end, as the goodput ledger counts them), goodp
 point, its first failing rank; the best point by a metric.
 
 Metrics: the built-in trainer's, from rank 0's step records (the last value of each); a
-program's, the last value of each numeric field that rank 0 printed as ``key=value`` or in a
-mapping on a line of its own, JSON or a Python dict (Hugging Face's Trainer: its log's last 64 KB)."""
+program's, the last value of each metric rank 0 printed (``cluster.logs.series``: its metrics
+file, read from its lines by the kit in any shape ``train.metrics`` knows)."""
 
 from __future__ import annotations
 
-import ast
-import json
 import math
-import re
-from pathlib import Path
 
 from cluster import backends
 from cluster.goodput.ledger import ledger_of
 from cluster.jobdir import JobDir
+from cluster.logs.series import program_values
 from cluster.logs.triage import inspect
 from cluster.sweeps.directory import Sweep
-from train.protocol import strip_stamp
 
 TRAINER_METRICS = ("train_loss", "test_loss", "test_acc")
 LOSSES = ("test_loss", "eval_loss", "train_loss", "loss")  # the default metric: the first a point has
-KEY_VALUE = re.compile(r"\b([A-Za-z_][\w.]*)=(-?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?![\w.])")
-LOG_TAIL = 65536
 
 
 def trainer_metrics(records: list[dict]) -> dict:
@@ -33,51 +27,6 @@ def trainer_metrics(records: list[dict]) -> dict:
     for rec in records:
         if rec.get("event") == "step":
             metrics.update({k: rec[k] for k in TRAINER_METRICS if rec.get(k) is not None})
-    return metrics
-
-
-def object_metrics(text: str) -> dict | None:
-    """The numeric fields of a printed mapping: a JSON object, or a Python dict's repr (Hugging
-    Face's Trainer prints ``{'loss': '4.704', 'epoch': '0.16'}``, its numbers as strings); None
-    where ``text`` is neither."""
-    try:
-        fields = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            fields = ast.literal_eval(text)  # literals only: a log is data, never code
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return None
-    if not isinstance(fields, dict):
-        return None
-    metrics = {}
-    for key, value in fields.items():
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                continue
-        if isinstance(key, str) and isinstance(value, int | float) and not isinstance(value, bool):
-            metrics[key] = value
-    return metrics
-
-
-def program_metrics(job: JobDir) -> dict:
-    """The last value of each numeric field rank 0 printed: ``key=value``, or a mapping on a line
-    of its own (after a progress bar's last ``\r`` too)."""
-    logs = job.rank_logs(0)
-    if not logs:
-        return {}
-    with logs[-1].open("rb") as f:
-        f.seek(max(0, f.seek(0, 2) - LOG_TAIL))
-        text = f.read().decode(errors="replace")
-    metrics = {}
-    for line in text.split("\n"):
-        for part in strip_stamp(line).split("\r"):
-            part = part.strip()
-            if part.startswith("{") and (found := object_metrics(part)) is not None:
-                metrics.update(found)
-            else:
-                metrics.update({k: float(v) for k, v in KEY_VALUE.findall(part)})
     return metrics
 
 
@@ -113,7 +62,7 @@ def job_outcome(job: JobDir) -> dict:
     row["steps"] = max(steps) if steps else None
     records = job.records(0)  # read once: the metrics and the ledger
     program = (job.plan() or {}).get("program")
-    row["metrics"] = trainer_metrics(records) if not program else program_metrics(job)
+    row["metrics"] = trainer_metrics(records) if not program else program_values(job)
     if program and program["kind"] == "submitit":
         row["metrics"].update(result_metrics(job))
     if report.world_size and report.completed == report.world_size:
@@ -189,25 +138,3 @@ def fmt(value) -> str:
     if value is None:
         return "-"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def plot_sweep(table: dict, path: str | Path) -> None:
-    """The metric against each swept parameter, one panel per parameter."""
-    import matplotlib  # only for --plot: matplotlib costs a second to import
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metric = table["metric"]
-    rows = [r for r in table["points"] if r["state"] == "completed" and metric in r["metrics"]]
-    keys = list(dict.fromkeys(o.partition("=")[0] for r in table["points"] for o in r["overrides"]))
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(4 * max(1, len(keys)), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        xs = [dict(o.partition("=")[::2] for o in r["overrides"]).get(key, "-") for r in rows]
-        ax.scatter(xs, [r["metrics"][metric] for r in rows])
-        ax.set_xlabel(key)
-        ax.set_ylabel(metric)
-    fig.suptitle(f"{metric} by swept parameter ({len(rows)} completed points)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -216,7 +216,7 @@ def test_a_copy_that_lost_its_files_times_still_has_a_ledger_from_its_records(tm
 def test_the_timeline_has_a_row_per_attempt_and_group_of_ranks(tmp_path):
     """The second node's ranks (2-3) got their first step 5 s later: their group's row shows a
     longer start-up than rank 0's; groups without records are left out."""
-    from cluster.logs.plot import plot_goodput
+    from cluster.views.charts import plot_goodput
 
     job = requeued_job(tmp_path)
     late = [{**r, "time": r["time"] + 5} if r["event"] == "first_step" else r

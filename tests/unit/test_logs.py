@@ -172,7 +172,7 @@ def test_a_rank_without_a_log_is_explained_by_the_schedulers_file(tmp_path):
 def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_path):
     import math
 
-    from cluster.logs.plot import step_time_grid
+    from cluster.views.charts import step_time_grid
 
     job = make_job(tmp_path, world=8, lines=100, silent_rank=5, slow_rank=2)
     order, grid, t0, t1 = step_time_grid(
@@ -186,7 +186,7 @@ def test_step_time_grid_has_a_row_per_rank_by_node_coloured_by_step_time(tmp_pat
 
 
 def test_plot_of_1024_ranks_is_one_image_with_the_failure_marked(tmp_path):
-    from cluster.logs.plot import plot_step_times
+    from cluster.views.charts import plot_step_times
 
     report = inspect(
         make_job(tmp_path / "job", world=1024, lines=50, crash_rank=341, tasks_per_node=8),
@@ -203,8 +203,8 @@ def test_a_restart_shows_as_a_gap_and_the_plot_marks_the_failure_and_the_restart
     eight seconds later. Between the two the rank trained nothing: its row is empty there."""
     import math
 
-    from cluster.logs.plot import plot_step_times, step_time_grid
     from cluster.logs.report import RankReport, Report
+    from cluster.views.charts import plot_step_times, step_time_grid
 
     times = [(s, 10.0, START + s / 100) for s in range(20, 121, 20)]
     times += [(s, 10.0, START + 9.0 + (s - 100) / 100) for s in range(120, 201, 20)]

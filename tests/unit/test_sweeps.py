@@ -10,8 +10,9 @@ import pytest
 
 import cluster
 from cluster.api import SweepJob, override_texts
+from cluster.logs.series import program_values
 from cluster.sweeps.grid import grid_points, parse_grid, read_points, sweep_points
-from cluster.sweeps.table import format_sweep, program_metrics
+from cluster.sweeps.table import format_sweep
 from fixtures.synthetic import make_job, make_sweep
 from tests.conftest import run_module
 
@@ -91,7 +92,8 @@ def test_the_table_has_a_row_per_point_the_culprit_of_a_failed_one_and_the_best(
     assert plot.read_bytes()[:4] == b"\x89PNG"  # the metric against optim.lr
 
 
-def test_a_programs_metrics_are_the_last_numeric_fields_rank_0_printed(tmp_path):
+def test_a_programs_metrics_are_the_last_values_rank_0_printed(tmp_path):
+    """A job from before metrics files: its log's end, read by the same parser (train.metrics)."""
     job = make_job(tmp_path / "j", world=1, lines=3)
     log = job / "rank_00000.log"
     log.write_text(
@@ -99,7 +101,8 @@ def test_a_programs_metrics_are_the_last_numeric_fields_rank_0_printed(tmp_path)
     )
     from cluster.jobdir import JobDir
 
-    assert program_metrics(JobDir(job)) == {"epoch": 3.0, "val_loss": 0.2, "val_acc": 0.9}
+    # its step lines ("step 2/3  train_loss 1.0000 ...") too
+    assert program_values(JobDir(job)) == {"train_loss": 1.0, "epoch": 3.0, "val_loss": 0.2, "val_acc": 0.9}
 
 
 def test_hugging_faces_metrics_dicts_are_read_after_its_progress_bar(tmp_path):
@@ -114,7 +117,9 @@ def test_hugging_faces_metrics_dicts_are_read_after_its_progress_bar(tmp_path):
     log.write_text(log.read_text() + f"2026-11-27T06:04:54.565 {bar}\r{' ' * 20}{{'loss': '4.704', 'grad_norm': "
                    "'0.6752', 'learning_rate': '0.0006', 'epoch': '0.1562', 'note': 'x'}\n"
                    f"{bar}\r   {{'loss': '4.5', 'epoch': 0.3}}\r{bar}\n{{'train_loss': '4.6', 'x': __import__('os')}}\n")  # fmt: skip
-    assert program_metrics(JobDir(job)) == {"loss": 4.5, "grad_norm": 0.6752, "learning_rate": 0.0006, "epoch": 0.3}
+    assert program_values(JobDir(job)) == {
+        "train_loss": 1.0, "loss": 4.5, "grad_norm": 0.6752, "learning_rate": 0.0006, "epoch": 0.3,
+    }  # fmt: skip
     assert "loss" in LOSSES  # a log is data: the dict with a call in it is no metric
 
 

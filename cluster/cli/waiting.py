@@ -1,0 +1,50 @@
+"""``--wait``, as every command that starts a job has it: follow rank 0's output (or wait
+quietly under ``--json``), print the triage, write the job's page and TensorBoard events, and
+exit with the job's verdict."""
+
+from __future__ import annotations
+
+import sys
+
+from cluster import api
+from cluster.backends import NeverStarts
+from cluster.cli.common import say
+from cluster.logs.follow import follow
+from cluster.logs.text import format_report
+
+
+def add_wait(parser) -> None:
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the end, print the triage, write the job's page; exit 1 if any rank failed, "
+        "87 for a deterministic failure (restarts: not restarted)",
+    )
+
+
+def wait_for(job: api.Job, as_json: bool) -> int:
+    """The job's end, its triage and its views; its exit status (``api.exit_code``)."""
+    try:
+        if as_json:  # no limit: the job has its own time limit, and a person can interrupt
+            report = job.wait(say=say)
+        else:
+            print("waiting for the job to end; rank 0's output:", flush=True)
+            ended = job.ref.done_saying_why_pending(say)
+            follow(job.ref.job_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
+            report = job.report(running=False)
+            print(format_report(report))
+    except NeverStarts as exc:
+        print(f"error: {exc}; cancel it: python -m cluster cancel {job.job_dir}", file=sys.stderr)
+        return 1
+    write_views(job, as_json)
+    return api.exit_code(report)
+
+
+def write_views(job: api.Job, as_json: bool) -> None:
+    """The job's page and events; a failure to draw them never changes the job's verdict."""
+    try:
+        page = job.page(running=False)
+    except Exception as exc:  # the job's outcome is what was waited for: the views are extra
+        say(f"the job's page was not written: {type(exc).__name__}: {exc}")
+        return
+    (say if as_json else print)(f"page: {page.resolve().as_uri()}")

@@ -1,0 +1,129 @@
+"""A job's metric series by step: the built-in trainer's from its step records, a program's
+from its metrics files (``train.metrics``: what it printed, read by the rank's output stamper).
+
+What a 16,384-rank job costs: every rank keeps its own series (its file holds at most a record
+per step, never more than the lines it was read from), and a reader takes rank 0's whole and,
+where the job has more than ``WHOLE_UP_TO`` ranks, every other rank's last values only, from its
+file's last few kilobytes (``last_values``)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+from cluster.jobdir import JobDir
+from train.metrics import parse_line, read_value
+from train.protocol import metrics_name, parse_records, read_whole, strip_stamp
+
+# The built-in trainer's step records: these fields are not metrics (step time has its own view)
+NOT_METRICS = {"event", "rank", "time", "step", "final", "state_bytes", "step_ms", "preempted"}
+# What the loss column shows: the first of these a rank has, else the first name with "loss" in it
+LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "local_loss")
+HELD_OUT = ("val", "eval", "test")
+WHOLE_UP_TO = 64  # ranks whose every series a reader takes whole; above, rank 0's and last values
+TAIL_BYTES = 8192
+LOG_TAIL = 65536  # a job from before metrics files: its rank 0 log's end is read instead
+
+Series = dict[str, list[tuple[int, float]]]  # metric -> [(step, value)], in step order
+
+
+def is_program(job: JobDir) -> bool:
+    return bool((job.plan() or {}).get("program"))
+
+
+def trainer_series(records: list[dict]) -> Series:
+    """The built-in trainer's step records as series; a record at a step already seen (a
+    restart that resumed before it) replaces what came after that step."""
+    series: Series = {}
+    for rec in records:
+        if rec.get("event") != "step":
+            continue
+        for name, value in rec.items():
+            if name not in NOT_METRICS and (value := read_value(value)) is not None:
+                add(series, name, rec["step"], value)
+    return series
+
+
+def file_series(data: bytes) -> Series:
+    """A metrics file's records as series."""
+    series: Series = {}
+    for rec in parse_records(data):
+        step, values = rec.get("step"), rec.get("values")
+        if isinstance(step, int) and isinstance(values, dict):
+            for name, value in values.items():
+                if (value := read_value(value)) is not None:
+                    add(series, str(name), step, value)
+    return series
+
+
+def add(series: Series, name: str, step: int, value: float) -> None:
+    points = series.setdefault(name, [])
+    while points and points[-1][0] >= step:  # the same step again, or a restart's earlier one
+        points.pop()
+    points.append((step, value))
+
+
+def rank_series(job: JobDir, rank: int, program: bool, names: set[str] | None = None) -> Series:
+    """Rank ``rank``'s every series (empty before it wrote any)."""
+    if not program:
+        return trainer_series(job.records(rank))
+    names = job.names() if names is None else names
+    if metrics_name(rank) in names:
+        return file_series(read_whole(job.file(metrics_name(rank))))
+    return {}
+
+
+def last_values(path: str) -> dict[str, float]:
+    """A metrics file's last value of each metric in its last ``TAIL_BYTES``: what a rank
+    stands at, without reading a long run's file."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return {}
+    try:
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, min(size, TAIL_BYTES), max(0, size - TAIL_BYTES))
+    finally:
+        os.close(fd)
+    if size > TAIL_BYTES:
+        data = data[data.find(b"\n") + 1 :]  # the first whole line
+    return {name: points[-1][1] for name, points in file_series(data).items()}
+
+
+def loss_of(values: dict[str, float]) -> float | None:
+    """The training loss among a rank's metrics: a known name, else a name with "loss" in it
+    that is not held-out data's."""
+    for name in LOSS_NAMES:
+        if name in values:
+            return values[name]
+    losses = [n for n in values if "loss" in n.lower()]
+    training = [n for n in losses if not any(h in n.lower() for h in HELD_OUT)]
+    found = (training or losses)[:1]
+    return values[found[0]] if found else None
+
+
+def log_values(path: str) -> dict[str, float]:
+    """The last value of each metric printed in a log's last ``LOG_TAIL`` bytes (a job run
+    before the kit kept metrics files)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, 2) - LOG_TAIL))
+        text = f.read().decode(errors="replace")
+    values: dict[str, float] = {}
+    for line in text.split("\n"):
+        for part in strip_stamp(line).split("\r"):
+            if (parsed := parse_line(part)) is not None:
+                values.update(parsed[1])
+    return values
+
+
+def program_values(job: JobDir, rank: int = 0) -> dict[str, float]:
+    """A program's rank's last metric values: its metrics file, else its last log's end."""
+    names = job.names()
+    if metrics_name(rank) in names:
+        return last_values(job.file(metrics_name(rank)))
+    logs = job.rank_log_files(rank, names)
+    return log_values(logs[-1]) if logs else {}
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
