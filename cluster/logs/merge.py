@@ -14,7 +14,6 @@ the oldest waiting line goes out once every rank has written it, or has written 
 
 from __future__ import annotations
 
-import heapq
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -73,14 +72,18 @@ class Folder:
         self.wait_s, self.clock = wait_s, clock
         self.queue: list[Group] = []  # in the order lines came
         self.waiting: dict[object, Group] = {}  # foldable groups not yet out, by key
+        self.errors: dict[str, bool] = {}  # a line's body -> whether it is an error's: thousands of ranks print alike
 
-    def add(self, rank: int, line: str) -> None:
+    def add(self, rank: int, line: str, timed: bool = True) -> None:
+        """A rank's next line; ``timed``: its stamp is read (a live stream waits by it; lines
+        read whole come in order already)."""
         state = self.ranks[rank]
-        stamp = parse_stamp(line.encode()) if STAMPED.match(line) else None
+        stamped = STAMPED.match(line) is not None
+        stamp = parse_stamp(line.encode()) if stamped and timed else None
         if stamp is not None:
             state.last_stamp = stamp
         state.lines += 1
-        body = line[STAMP_LENGTH:] if stamp is not None else line
+        body = line[STAMP_LENGTH:] if stamped else line
         error = self.unfoldable(state, body)
         if error:
             self.queue.append(Group(line, [rank], True, self.clock(), stamp or state.last_stamp))
@@ -96,8 +99,7 @@ class Folder:
         self.waiting[key] = group
         self.queue.append(group)
 
-    @staticmethod
-    def unfoldable(state: RankLines, body: str) -> bool:
+    def unfoldable(self, state: RankLines, body: str) -> bool:
         """An error line, or a line of a traceback (from its head to its exception)."""
         if body.startswith("Traceback (most recent call last):"):
             state.in_traceback = True
@@ -106,7 +108,10 @@ class Folder:
             if body[:1] not in (" ", "\t", "") and not body.startswith(("During handling", "The above")):
                 state.in_traceback = False  # the exception's line ends it
             return True
-        return bool(ERROR.search(body))
+        error = self.errors.get(body)
+        if error is None:
+            error = self.errors[body] = ERROR.search(body) is not None
+        return error
 
     def done(self, group: Group, now: float) -> bool:
         """Whether a waiting line may go out now."""
@@ -129,14 +134,15 @@ class Folder:
             yield group
 
 
-def stamped_lines(text: str) -> list[tuple[float, str]]:
-    """A log's lines with a time each: its stamp, else the line before's (a stack dump's
-    lines are not stamped), 0 before the first."""
-    out, last = [], 0.0
-    for line in text.splitlines():
-        if STAMPED.match(line) and (stamp := parse_stamp(line.encode())) is not None:
-            last = stamp
-        out.append((last, line))
+def stamped_lines(rank: int, text: str) -> list[tuple[str, int, int, str]]:
+    """A log's lines, each (its stamp, the rank, its index, the line): a line's stamp, else the
+    line before's (a stack dump's lines are not stamped), "" before the first. Stamps in one
+    format sort as their times do: no date is parsed."""
+    out, last = [], ""
+    for i, line in enumerate(text.splitlines()):
+        if STAMPED.match(line):
+            last = line[:STAMP_LENGTH]
+        out.append((last, rank, i, line))
     return out
 
 
@@ -159,7 +165,8 @@ def rank_texts(job: JobDir, ranks: list[int], limit: int | None = None) -> dict[
 def merged(texts: dict[int, str]) -> list[Group]:
     """Every rank's log text (``texts``: rank -> its text), folded, in the order of the stamps."""
     folder = Folder(texts)
-    streams = [[(t, rank, i, line) for i, (t, line) in enumerate(stamped_lines(text))] for rank, text in texts.items()]
-    for _, rank, _, line in heapq.merge(*streams):
-        folder.add(rank, line)
+    lines = [entry for rank, text in texts.items() for entry in stamped_lines(rank, text)]
+    lines.sort()  # runs already in order, one per rank: Timsort merges them in C
+    for _, rank, _, line in lines:
+        folder.add(rank, line, timed=False)
     return list(folder.ready(over=True))

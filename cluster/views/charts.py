@@ -38,12 +38,12 @@ def save(fig, path: str | Path) -> None:
 
 def svg(fig, name: str) -> str:
     """The figure as SVG text to put in a page: its text as text (small, searchable), its ids
-    made from ``name`` (several SVGs live in one page), no XML header, no date."""
+    made from ``name`` (several SVGs live in one page), no XML header, no metadata."""
     import matplotlib  # lazy, as new_figure
 
     out = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": name}):
-        fig.savefig(out, format="svg", metadata={"Date": None})
+        fig.savefig(out, format="svg", metadata=dict.fromkeys(("Date", "Creator", "Format", "Type")))
     text = out.getvalue()
     return text[text.index("<svg") :]
 
@@ -95,6 +95,7 @@ def step_time_figure(report: Report, height: float = 6.0):
     ``failure`` (its label) and ``attempts`` (each failed attempt's and restart's label)."""
     from matplotlib import colormaps  # lazy, as new_figure
     from matplotlib.colors import LogNorm  # lazy, as new_figure
+    from matplotlib.ticker import FormatStrFormatter  # lazy, as new_figure
 
     order, grid, t0, t1 = step_time_grid(report)
     drawn = {"rows": [r.rank for r in order], "stragglers": [], "failure": None, "attempts": []}
@@ -109,11 +110,13 @@ def step_time_figure(report: Report, height: float = 6.0):
         cmap = colormaps["viridis"].with_extremes(bad="lightgrey")
         image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap,
                           norm=LogNorm(lo, hi) if hi > lo * 1.01 else None, extent=(0, t1 - t0, len(order), 0))  # fmt: skip
-        fig.colorbar(image, ax=ax, label="step time (ms, per log interval)")
+        bar = fig.colorbar(image, ax=ax, label="step time (ms, per log interval)")
+        bar.ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))  # plain numbers, not 1.1 x 10^1
+        bar.ax.yaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
         rows = {r.rank: i for i, r in enumerate(order)}
         starts = [i for i, r in enumerate(order) if i == 0 or r.node != order[i - 1].node]
-        for i in starts[1:]:  # node boundaries
-            ax.axhline(i, color="white", lw=0.6 if len(starts) < 64 else 0.2)
+        if len(starts) > 1:  # node boundaries, one artist for all
+            ax.hlines(starts[1:], 0, t1 - t0, colors="white", lw=0.6 if len(starts) < 64 else 0.2)
         if len(order) <= 32:  # every rank named; else the first rank of every k-th node
             ticks = [(i, f"rank {r.rank} {r.host}") for i, r in enumerate(order)]
         else:

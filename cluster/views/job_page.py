@@ -33,6 +33,9 @@ LOG_BYTES_TOTAL = 64 << 20  # what the log view reads of every rank's logs toget
 LOG_BYTES_RANK = 1 << 20  # ... and of one rank's at most
 TAIL_LINES = 30  # of the failing rank's log, under its error
 REFRESH_S = 5
+TABLE_ROWS = (
+    1024  # ranks in the table: beyond, those that stand out and the edges (every rank's log is linked below it)
+)
 
 
 def default_path(job: JobDir) -> Path:
@@ -79,12 +82,29 @@ def metric_panels(series_by_rank: dict[int, Series]) -> dict[str, list[tuple[lis
     return panels
 
 
+def shown_ranks(report: Report) -> list[int]:
+    """The ranks of the table: all up to ``limit``; beyond, those that stand out first (the
+    culprit, the stalled, stragglers, failures that are no cascade's), then the edges and the
+    rest in order, ``TABLE_ROWS`` in all."""
+    limit = TABLE_ROWS
+    if report.world_size <= limit:
+        return list(range(report.world_size))
+    first = report.first_failure["rank"] if report.first_failure else None
+    culprits = set(report.hang["culprits"]) if report.hang else set()
+    stand_out = [r.rank for r in report.ranks
+                 if r.rank == first or r.rank in culprits or r.state == "stalled" or r.straggler
+                 or (r.state in ("failed", "killed") and not r.cascade)]  # fmt: skip
+    edges = [*range(8), *range(report.world_size - 8, report.world_size)]
+    chosen = list(dict.fromkeys([*stand_out, *edges, *range(report.world_size)]))[:limit]
+    return sorted(chosen)
+
+
 def rank_rows(report: Report, job: JobDir, page_dir: Path) -> list[dict]:
     names = job.names()
     culprits = set(report.hang["culprits"]) if report.hang else set()
     first = report.first_failure["rank"] if report.first_failure else None
     rows = []
-    for r in report.ranks:
+    for r in (report.ranks[rank] for rank in shown_ranks(report)):
         marks = []
         if r.rank == first or r.rank in culprits:
             marks.append("culprit")
@@ -102,6 +122,14 @@ def rank_rows(report: Report, job: JobDir, page_dir: Path) -> list[dict]:
             "error": r.error or "", "logs": [os.path.relpath(p, page_dir) for p in logs],
         })  # fmt: skip
     return rows
+
+
+def all_logs(job: JobDir, world: int, page_dir: Path) -> list[tuple[int, str]]:
+    """(rank, its last log's link) of every rank: the table of a large job shows some of them."""
+    names = job.names()
+    prefix = os.path.relpath(job.path, page_dir)
+    return [(rank, os.path.join(prefix, os.path.basename(files[-1])))
+            for rank in range(world) if (files := job.rank_log_files(rank, names))]  # fmt: skip
 
 
 def failure_view(report: Report, page_dir: Path) -> dict | None:
@@ -229,6 +257,7 @@ def job_view(reading: Reading, page: Path) -> dict:
         },
         "failure": failure_view(report, page.parent),
         "ranks": rank_rows(report, job, page.parent),
+        "all_logs": all_logs(job, report.world_size, page.parent) if report.world_size > TABLE_ROWS else [],
         "stragglers": compress(report.stragglers) if report.stragglers else "",
         "metrics_svg": charts.svg(metrics_fig, "metrics"), "metric_lines": sum(len(v) for v in drawn.values()),
         "metric_ranks": "every rank" if report.world_size <= WHOLE_UP_TO else "rank 0 (the table: every rank's last loss)",

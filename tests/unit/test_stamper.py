@@ -3,6 +3,7 @@ Python's prints, what C code writes, a child's output; faulthandler's dumps pass
 The rank's ``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, the stamper
 is never a point of failure, and it ends what the rank leaves running."""
 
+import json
 import os
 import re
 import subprocess
@@ -227,3 +228,38 @@ def test_the_end_of_a_line_already_ended_by_the_other_stream_adds_no_blank_line(
     assert [unstamped(line) for line in lines] == ["\r100%|##########| 30/30 [00:00<00:00]", "rank 0: loss=0.6785",
                                                    "\r a new bar"], lines  # fmt: skip
     assert all(STAMPED.match(line) for line in lines), lines
+
+
+METRICS = r"""
+import os, sys, time
+from train.output import leave, timestamp_lines
+from train.protocol import Progress
+folder, log = sys.argv[1], sys.argv[2]
+progress = Progress(folder, 0)  # the shim's count of optimizer steps
+timestamp_lines((os.path.join(folder, "m.jsonl"), os.path.join(folder, "rank_00000.progress")))
+
+def passed(text):  # the stamper wrote it to the log: it has read it (the step is taken then)
+    while text not in open(log, errors="replace").read():
+        time.sleep(0.01)
+
+print("config: lr=0.1", flush=True)
+passed("config: lr=0.1")
+progress.step(7)
+sys.stderr.write("\r 7/9 [loss=0.5]\r 7/9 [loss=0.4]\n")  # a progress bar's redraws, on the other stream
+sys.stderr.flush()
+passed("[loss=0.4]")
+print("iter 9: loss 0.3, time 2ms", flush=True)  # its own step
+os.write(1, b"\x00\xff not text, no metric\n")
+leave(0)
+"""
+
+
+def test_the_stamper_keeps_a_programs_metrics_by_step_as_its_lines_pass(tmp_path):
+    """What a program prints, on either stream (a progress bar's ``\\r`` redraws too), is read
+    for metrics at the step the shim counted when the stamper reads the line; its log is as before."""
+    log = tmp_path / "rank.log"
+    code = f"import sys; sys.argv[1:] = [{str(tmp_path)!r}, {str(log)!r}]\n" + METRICS
+    assert run_rank_code(code, log).returncode == 0
+    got = [(r["step"], r["values"]) for r in map(json.loads, (tmp_path / "m.jsonl").read_text().splitlines())]
+    assert got == [(0, {"lr": 0.1}), (7, {"loss": 0.4}), (9, {"loss": 0.3, "time": 2.0})]
+    assert "iter 9: loss 0.3, time 2ms" in log.read_text(errors="replace")
