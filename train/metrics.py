@@ -6,13 +6,16 @@ or as nothing, in the shapes that widely used trainers print:
     {"step": 10, "loss": 1.2}                               a JSON object on a line of its own
     {'loss': '4.704', 'grad_norm': 2.1, 'epoch': 0.16}      Hugging Face's Trainer (a dict's repr)
     step=10 loss=1.2 lr=3e-4                                key=value, anywhere in a line
-    ... 45/100 [00:01<00:02, 30.0it/s, v_num=0, loss=0.123] Lightning's progress-bar postfix
+    ... 45/100 [00:01<00:02, 30.0it/s, v_num=0, loss=0.123] Lightning's progress-bar postfix (tqdm's)
+    train_loss: 0.907                                       a line of "name: value" alone (rich's bar's last line)
     iter 10: loss 4.1886, time 16.00ms, mfu 12.50%          nanoGPT (and its eval line, "step 0: train loss 4.28, val loss 4.28")
     step:  1  loss:  8.1234  grad_norm:  1.23  tps: 1,234  torchtitan (its colours taken off)
 
 A mapping or key=value names its step with a key (``step``, ``global_step``, ``iter``,
 ``iteration``); nanoGPT's and torchtitan's lines start with it. A line with no step of its own
-takes the optimizer step the rank shim counted when it was written (``train.protocol.Progress``).
+takes the optimizer step the rank shim counted (``train.protocol.Progress``) when the output
+stamper reads it, within a millisecond of its writing on an idle core: a line printed after a
+step is counted at that step unless the next step ends before the stamper reads it.
 Numbers may be ``nan`` or ``inf`` (kept: a loss that turned nan is what one looks for).
 
 ``MetricsTap`` is what the output stamper (``train.stamper``) feeds every line a rank writes:
@@ -34,7 +37,11 @@ from collections.abc import Callable
 import orjson
 
 NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf)\b"
-KEY_VALUE = re.compile(rf"(?<![\w.])([A-Za-z_][\w.]*)=({NUMBER})(?![\w.])", re.IGNORECASE)
+# key=value, not inside a quoted name (Lightning's "`max_steps=30` reached." is a message)
+KEY_VALUE = re.compile(rf"(?<![\w.`])([A-Za-z_][\w.]*)=({NUMBER})(?![\w.`])", re.IGNORECASE)
+# A line of nothing but "name: value" pairs (rich's progress bar, Lightning's default, ends with "train_loss: 0.907")
+PAIRS_LINE = re.compile(rf"(?:[A-Za-z_][\w./-]*:\s*(?:{NUMBER})[\s,]*)+", re.IGNORECASE)
+PAIR = re.compile(rf"([A-Za-z_][\w./-]*):\s*({NUMBER})", re.IGNORECASE)
 # nanoGPT's "iter 10:" / "step 0:", torchtitan's "step:  1" (after its logger's prefix)
 STEP_MARK = re.compile(r"(?<![\w.])(?:iter|iteration|step)(?::\s*|\s+)(\d+)(?:/\d+)?:?(?=\s|,|$)", re.IGNORECASE)
 # Each "name value" of such a line: words, an optional colon, a number, its unit (ms, %, GiB(11%))
@@ -105,6 +112,9 @@ def parse_line(line: str) -> tuple[int | None, dict[str, float]] | None:
                 return step_of(found), found
     mark = STEP_MARK.search(line)
     if mark is None:
+        if PAIRS_LINE.fullmatch(line):
+            found = {key: value for key, text in PAIR.findall(line) if (value := number(text)) is not None}
+            return step_of(found), found
         return None
     found = {}
     for name, text in NAMED.findall(line, mark.end()):

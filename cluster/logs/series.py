@@ -16,9 +16,9 @@ from train.metrics import parse_line, read_value
 from train.protocol import metrics_name, parse_records, read_whole, strip_stamp
 
 # The built-in trainer's step records: these fields are not metrics (step time has its own view)
-NOT_METRICS = {"event", "rank", "time", "step", "final", "state_bytes", "step_ms", "preempted"}
+NOT_METRICS = {"event", "rank", "time", "step", "final", "state_bytes", "step_ms", "samples_per_s", "preempted"}
 # What the loss column shows: the first of these a rank has, else the first name with "loss" in it
-LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss", "local_loss")
+LOSS_NAMES = ("loss", "train_loss", "train/loss", "lm_loss")
 HELD_OUT = ("val", "eval", "test")
 WHOLE_UP_TO = 64  # ranks whose every series a reader takes whole; above, rank 0's and last values
 TAIL_BYTES = 8192
@@ -90,16 +90,21 @@ def last_values(path: str) -> dict[str, float]:
     return {name: points[-1][1] for name, points in file_series(data).items()}
 
 
-def loss_of(values: dict[str, float]) -> float | None:
-    """The training loss among a rank's metrics: a known name, else a name with "loss" in it
-    that is not held-out data's."""
+def loss_name(names) -> str | None:
+    """Which of these metrics is the training loss: a known name, else a name with "loss" in it
+    that is not held-out data's, else any with "loss"."""
     for name in LOSS_NAMES:
-        if name in values:
-            return values[name]
-    losses = [n for n in values if "loss" in n.lower()]
+        if name in names:
+            return name
+    losses = [n for n in names if "loss" in n.lower()]
     training = [n for n in losses if not any(h in n.lower() for h in HELD_OUT)]
-    found = (training or losses)[:1]
-    return values[found[0]] if found else None
+    return (training or losses or [None])[0]
+
+
+def loss_of(values: dict[str, float]) -> float | None:
+    """The training loss among a rank's last values (``loss_name``)."""
+    name = loss_name(values)
+    return values[name] if name else None
 
 
 def log_values(path: str) -> dict[str, float]:

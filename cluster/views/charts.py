@@ -317,7 +317,7 @@ def sweep_figure(table: dict):
     metric = table["metric"]
     rows = [r for r in table["points"] if r["state"] == "completed" and metric in r["metrics"]]
     keys = swept(table)
-    fig = new_figure(4 * max(1, len(keys)), 3.2)
+    fig = new_figure(max(6.0, 4 * len(keys)), 3.2)
     axes = fig.subplots(1, max(1, len(keys)), squeeze=False)[0]
     best = (table.get("best") or {}).get("point")
     for ax, key in zip(axes, keys):
@@ -331,7 +331,7 @@ def sweep_figure(table: dict):
         ax.set_ylabel(metric)
         if best is not None and any(r["point"] == best for r in rows):
             ax.legend(fontsize=7)
-    fig.suptitle(f"{metric} by swept parameter ({len(rows)} completed points)")
+    fig.suptitle(f"{metric} by swept parameter ({len(rows)} completed points)", fontsize=10)
     fig.tight_layout()
     return fig
 

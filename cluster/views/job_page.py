@@ -53,7 +53,7 @@ def verdict(report: Report) -> tuple[str, str]:
         return "hung", f"hung: culprit rank(s) {compress(hang['culprits'])}{why}"
     if failure:
         return "failed", (
-            f"failed: rank {failure['rank']} on {failure['host'] or '?'} at step {failure['last_step'] or '-'}: "
+            f"failed: rank {failure['rank']} on {failure['host'] or '?'} after step {failure['last_step'] or '-'}: "
             f"{failure['error']}"
         )
     if hang:
@@ -145,6 +145,7 @@ def failure_view(report: Report, page_dir: Path) -> dict | None:
             "frames": [frame.label() for frame in stack.frames] if stack else [],
             "where": stacks.describe_groups(report.hang["groups"]), "tail": log_tail(rank.log),
             "log": os.path.relpath(rank.log, page_dir) if rank.log else None, "host": rank.host, "step": rank.last_step,
+            "time": fmt_time((f or {}).get("time")) if f else None, "cascade": [],
         }  # fmt: skip
     if not f:
         return None

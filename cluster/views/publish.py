@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from cluster.jobdir import JobDir
-from cluster.logs.series import is_program, loss_of, rank_series
+from cluster.logs.series import is_program, loss_name, rank_series
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.table import sweep_table
 from cluster.views import charts
@@ -46,16 +46,11 @@ def publish_once(job: JobDir, out: Path | None = None, running: bool | None = No
     return page, info
 
 
-def point_curve(job: JobDir, metric: str | None) -> list[tuple[int, float]]:
-    """A point's rank 0 series of ``metric``, else of its training loss."""
+def point_curve(job: JobDir) -> tuple[str, list[tuple[int, float]]] | None:
+    """A point's training loss by step (rank 0's), its name; None without one."""
     series = rank_series(job, 0, is_program(job))
-    if metric in series:
-        return series[metric]
-    loss = loss_of({name: 0.0 for name in series})
-    name = next((n for n in series if loss is not None and n in ("loss", "train_loss")), None) or next(
-        (n for n in series if "loss" in n), None
-    )
-    return series.get(name, [])
+    name = loss_name(series)
+    return (name, series[name]) if name else None
 
 
 def publish_sweep(sweep: Sweep, out: Path | None, metric: str | None, mode: str) -> tuple[Path, dict]:
@@ -63,7 +58,7 @@ def publish_sweep(sweep: Sweep, out: Path | None, metric: str | None, mode: str)
     table = sweep_table(sweep, metric, mode)
     page = Path(out) if out else sweep.path / PAGE
     keys = charts.swept(table)
-    rows, curves = [], {}
+    rows, curves, loss = [], {}, None
     for row in table["points"]:
         params = dict(o.partition("=")[::2] for o in row["overrides"])
         link = None
@@ -71,7 +66,8 @@ def publish_sweep(sweep: Sweep, out: Path | None, metric: str | None, mode: str)
             job = JobDir(row["job_dir"])
             point_page, _ = publish_once(job, hparams=hparams_of(row["overrides"]))
             link = os.path.relpath(point_page, page.parent)
-            if points := point_curve(job, table["metric"]):
+            if found := point_curve(job):
+                loss, points = found
                 curves[row["point"]] = (" ".join(row["overrides"]), points)
         rows.append({**row, "params": [params.get(k, "-") for k in keys], "page": link})
     best = (table["best"] or {}).get("point")
@@ -81,7 +77,7 @@ def publish_sweep(sweep: Sweep, out: Path | None, metric: str | None, mode: str)
         "table": table, "keys": keys, "rows": rows, "metrics": names, "best": best,
         "states": ", ".join(f"{n} {state}" for state, n in sorted(table["states"].items())),
         "params_svg": charts.svg(charts.sweep_figure(table), "params") if table["metric"] else None,
-        "curves_svg": charts.svg(charts.sweep_curves_figure(curves, table["metric"] or "loss", best), "curves"),
+        "curves_svg": charts.svg(charts.sweep_curves_figure(curves, loss or "loss", best), "curves"),
         "curves": len(curves),
     }  # fmt: skip
     write_page(page, render("sweep.html.j2", view))

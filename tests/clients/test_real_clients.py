@@ -221,6 +221,36 @@ def test_a_sweep_of_hugging_faces_trainer_reads_its_metrics_and_times_each_point
     assert "train_loss" in printed and "loss" in printed.split("\n")[1].replace("train_loss", "")
 
 
+def test_hugging_faces_loss_is_a_series_in_its_page_and_tensorboard_with_the_points_parameters(jobs):
+    """Trainer prints a dict every logging_steps (5), with no step of its own: each lands at the
+    optimizer step the shim counted, in the point's metrics, its page (written by the sweep's
+    --wait, with the sweep's) and TensorBoard's events, with the point's learning rate as hparams."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.unit.test_page import scalars
+    from train.protocol import TENSORBOARD
+
+    _, sweep_dir, table = jobs["sweep"]
+    assert (sweep_dir / "page.html").exists()
+    for row in table["points"]:
+        job_dir = Path(row["job_dir"])
+        loss = scalars(job_dir / TENSORBOARD)["metrics/loss"]
+        assert [step for step, _ in loss] == [5, 10, 15, 20], loss
+        assert 'id="series-loss-ranks-0"' in (job_dir / "page.html").read_text()
+        acc = EventAccumulator(str(job_dir / TENSORBOARD))
+        acc.Reload()
+        content = b"".join(acc.PluginTagToContent("hparams").values())
+        assert b"program.launcher" in content and b"program.args" in content  # the point's parameters
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_lightnings_loss_is_read_from_its_progress_bar(jobs, launcher):
+    """Lightning's progress bar (rich's, where rich is installed) ends with "train_loss: ...":
+    the loss column has each rank's, as printed."""
+    _, job_dir, report = jobs[("lightning", "trains", launcher)]
+    assert all(r["last_loss"] is not None for r in report["ranks"]), report["ranks"]
+
+
 # ----------------------------------------------------------------------------- the streams
 def rank_lines(text: str) -> dict[int, set[str]]:
     """What each rank printed ("rank R: ..."), wherever lines of two ranks or streams met."""

@@ -62,6 +62,8 @@ def console_errors(driver) -> list[str]:
 def screenshot(driver, path: Path, full: bool = True) -> None:
     """The page as a person sees it; ``full``: the window made as tall as the page first."""
     if full:
+        width = driver.get_window_size()["width"]
+        driver.set_window_size(width, 600)  # the page's own height, not the window's
         height = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(driver.get_window_size()["width"], min(height + 40, 12000))
+        driver.set_window_size(width, min(height + 40, 12000))
     driver.save_screenshot(str(path))

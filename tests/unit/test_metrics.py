@@ -28,6 +28,8 @@ NAN = float("nan")
         ("Epoch 0:  45%|####      | 45/100 [00:01<00:02, 30.00it/s, v_num=0, loss=0.123]",
          (None, {"v_num": 0.0, "loss": 0.123})),  # Lightning's progress-bar postfix
         ("global_step=7 loss=1,234.5 lr=3e-4", (7, {"loss": 1234.5, "lr": 3e-4})),
+        ("                 train_loss: 0.907", (None, {"train_loss": 0.907})),  # rich's bar (Lightning's default), its last line
+        ("step: 3 loss: 0.5", (3, {"loss": 0.5})),
         ("step=5 loss=nan", (5, {"loss": NAN})),  # kept: a loss that turned nan is what one looks for
         ("iter 5: loss inf, time 3ms", (5, {"loss": math.inf, "time": 3.0})),
         ('{"<script>": 1.0}', (None, {"<script>": 1.0})),  # a name is data: the page escapes it
@@ -35,6 +37,7 @@ NAN = float("nan")
         ("loss=<script>", None), ("loss=abc", None), ("Loaded 50000 samples", None), ("step 3 done", None),
         ("tokens per iteration will be: 32,768", None), ("rank 0/4 on host", None), ("a==b", None), ("", None),
         ("{'x': __import__('os')}", None),  # a log is data, never code
+        ("`Trainer.fit` stopped: `max_steps=30` reached.", None), ("Total params: 9", None),
     ],
 )  # fmt: skip
 def test_a_line_is_read_as_the_trainers_print_it(line, expected):

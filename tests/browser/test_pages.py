@@ -1,0 +1,153 @@
+"""The browser tier: the pages of real jobs opened as people open them, in Debian's headless
+Chromium (through its chromedriver): a 4-rank job whose rank 2 crashed, a stalled job, and a
+sweep's page load with no console error; their plots render (non-empty SVG, one series per
+plotted line); the culprit's row is marked; every link to a rank's log and a point's page
+resolves; a sweep's table sorts when its heading is clicked. The jobs run once, side by side."""
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+
+from tests.conftest import run_module
+from tests.support.browser import available, chromium, console_errors, open_page, screenshot
+
+pytestmark = pytest.mark.browser
+
+CRASH = ["train.steps=200", "train.fail_at_step=120", "train.fail_rank=2", "train.log_every=20"]
+STALL = ["train.steps=100000", "train.log_every=5", "train.hang_at_step=20", "train.hang_rank=1",
+         "train.stall_timeout_s=10", "tasks_per_node=2"]  # fmt: skip
+
+
+def page_of(target: Path) -> tuple[Path, dict]:
+    done = run_module("cluster", "page", str(target), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads(done.stdout)
+    return Path(info["page"]), info
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    """Each scenario's page: (its path, what cluster page --json said)."""
+    if why := available():
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("pages")
+
+    def job(name: str, overrides: list[str]) -> tuple[str, tuple[Path, dict]]:
+        done = run_module("cluster", "submit", "jobs/local.yaml", f"log_dir={root / name}", *overrides, "--json",
+                          "--wait", timeout=300)  # fmt: skip
+        job_dir = Path(json.loads(done.stdout.splitlines()[0])["log_dir"])
+        return name, page_of(job_dir)
+
+    def sweep() -> tuple[str, tuple[Path, dict]]:
+        done = run_module("cluster", "sweep", "jobs/local.yaml", f"log_dir={root / 'sweep'}", "train.steps=200",
+                          "train.log_every=20", "optim.lr=0.05,0.2", "--max-parallel", "2", "--wait", timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return "sweep", page_of(next((root / "sweep" / "local").glob("sweep-*")))
+
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(job, "crash", CRASH), pool.submit(job, "stall", STALL), pool.submit(sweep)]
+        return dict(f.result() for f in futures)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if why := available():
+        pytest.skip(why)
+    with chromium() as driver:
+        yield driver
+
+
+def dom(driver, script: str):
+    return driver.execute_script(script)
+
+
+def charts(driver) -> dict:
+    """Each chart's id: its SVG's drawn size, and how many series it says and shows."""
+    return dom(
+        driver,
+        """
+        const out = {};
+        document.querySelectorAll('figure.chart').forEach(f => {
+          const svg = f.querySelector('svg'), box = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+          out[f.id] = {width: box.width, height: box.height, said: f.dataset.lines ? Number(f.dataset.lines) : null,
+                       series: Array.from(f.querySelectorAll('g[id^="series-"]')).filter(
+                         g => Array.from(g.querySelectorAll('path')).some(p => (p.getAttribute('d') || '').length > 10)).length,
+                       image: f.querySelectorAll('image').length};
+        });
+        return out;""",
+    )
+
+
+def links_resolve(driver, selector: str) -> list[str]:
+    """The links' targets, each checked to be a file (file:// pages: the browser's own URLs)."""
+    hrefs = dom(driver, f"return Array.from(document.querySelectorAll('{selector}')).map(a => a.href)")
+    paths = [Path(unquote(urlparse(h).path)) for h in hrefs]
+    assert paths and all(p.is_file() for p in paths), [str(p) for p in paths if not p.is_file()]
+    return hrefs
+
+
+def test_the_crashed_jobs_page_names_the_failure_and_marks_rank_2(pages, browser, tmp_path):
+    page, info = pages["crash"]
+    assert info["kind"] == "failed"
+    load_ms = open_page(browser, page)
+    assert console_errors(browser) == []
+    verdict = dom(browser, "return document.getElementById('verdict').textContent")
+    assert "DeliberateFailure" in verdict and "rank 2" in verdict
+    assert "DeliberateFailure" in dom(
+        browser, "return document.getElementById('failure').nextElementSibling.textContent"
+    )
+    marked = dom(
+        browser, "return Array.from(document.querySelectorAll('#rank-table tr.culprit')).map(r => r.dataset.rank)"
+    )
+    assert marked == ["2"]
+    drawn = charts(browser)
+    assert set(drawn) == {"metrics-chart", "step-time-chart", "goodput-chart"}
+    assert all(c["width"] > 300 and c["height"] > 100 for c in drawn.values()), drawn
+    metrics = drawn["metrics-chart"]
+    assert metrics["said"] == metrics["series"] >= 4  # local_loss: a line per rank (each its own shard's loss)
+    assert drawn["step-time-chart"]["image"] == 2  # the heat map and its colour bar: images, whatever the ranks
+    assert len(links_resolve(browser, "a.rank-log")) == 4
+    dom(browser, "document.getElementById('merged-log').open = true")
+    merged = dom(browser, "return document.querySelector('#merged-log .log').textContent")
+    assert "[ranks 0-3]" in merged and "DeliberateFailure" in merged
+    screenshot(browser, tmp_path / "crashed.png")
+    print(f"loaded in {load_ms:.0f} ms; screenshot {tmp_path / 'crashed.png'}")
+
+
+def test_the_stalled_jobs_page_names_the_hang_and_marks_its_culprit(pages, browser):
+    page, info = pages["stall"]
+    assert info["kind"] == "hung", info
+    open_page(browser, page)
+    assert console_errors(browser) == []
+    assert "culprit rank(s) 1" in dom(browser, "return document.getElementById('verdict').textContent")
+    row = dom(browser, "return document.querySelector('#rank-table tr[data-rank=\"1\"]').className")
+    assert "culprit" in row.split() and "stalled" in row.split()
+    frames = dom(browser, "return document.getElementById('frames').textContent")
+    assert "hang_here" in frames  # the culprit's stack: where it stopped
+    assert all(c["width"] > 300 for c in charts(browser).values())
+
+
+def test_the_sweeps_page_sorts_links_each_point_and_draws_every_curve(pages, browser, tmp_path):
+    page, info = pages["sweep"]
+    open_page(browser, page)
+    assert console_errors(browser) == []
+    points = lambda: dom(
+        browser, "return Array.from(document.querySelectorAll('#point-table tbody tr')).map(r => r.dataset.point)"
+    )  # noqa: E731
+    assert points() == ["0", "1"]
+    heading = browser.find_element("xpath", "//table[@id='point-table']//th[text()='point']")
+    heading.click()
+    heading.click()  # descending
+    assert points() == ["1", "0"]
+    drawn = charts(browser)
+    assert drawn["curves-chart"]["said"] == drawn["curves-chart"]["series"] == 2
+    assert drawn["params-chart"]["width"] > 300
+    for href in links_resolve(browser, "a.point-page"):
+        browser.get(href)  # each point's own page opens, with no console error
+        assert console_errors(browser) == [] and re.search("completed", browser.title + browser.page_source)
+    open_page(browser, page)
+    screenshot(browser, tmp_path / "sweep.png")
