@@ -15,8 +15,8 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
-run: $(VENV)/.installed  ## the embedded default: jobs/local.yaml, 4 ranks on this machine (the local launcher)
-	$(PY) -m cluster submit jobs/local.yaml --wait
+run: $(VENV)/.installed  ## the embedded default: jobs/local.yaml, 4 ranks on this machine (the local launcher); ARGS="key=value ..." on top
+	$(PY) -m cluster submit jobs/local.yaml --wait $(ARGS)
 
 submit: $(VENV)/.installed  ## make submit JOB=jobs/multi_node.yaml [ARGS="nodes=4 train.steps=200"]
 	$(PY) -m cluster submit $(JOB) $(ARGS)
@@ -38,7 +38,7 @@ test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, 
 	$(PY) tests/suite.py
 
 test-fast: $(VENV)/.installed  ## unit and golden tests only
-	$(PY) -m pytest -m "not slow and not slurm and not image and not clients"
+	$(PY) -m pytest -m "not slow and not slurm and not image and not clients and not browser"
 
 # On a GPU box's own environment (its CUDA torch, no package registry): make gpu-check PY=python3
 # skips the venv; that interpreter needs pytest, pyyaml and orjson (docs/benchmarking.md).

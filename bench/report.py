@@ -23,7 +23,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import torch
 
-from bench import restart_bench, snapshot_cost
+from bench import pages, restart_bench, snapshot_cost
 from bench.gpu import table as gpu_table
 from bench.runs import run_ranks
 from bench.scaling.plot import plot as plot_scaling
@@ -154,6 +154,12 @@ def triage_speed(ranks: int, lines: int, rounds: int = 5) -> dict:
     o, g = statistics.median(ours[1:]), statistics.median(grep[1:])
     say(f"  cluster logs --json {o:.2f} s, grep -l {g:.2f} s: ratio {o / g:.2f}")
     return {"ranks": ranks, "lines": lines, "bytes": size, "inspect_s": o, "grep_s": g, "ratio": o / g}
+
+
+def page_speed(ranks: int, rounds: int) -> dict:
+    """``cluster page`` as a whole process, the page's size and its load time in Chromium."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return pages.measure(ranks, rounds=rounds, env=as_installed(tmp))
 
 
 def submit_latency(rounds: int) -> dict | None:
@@ -349,6 +355,15 @@ def render_markdown(r: dict) -> str:
     if w := r.get("sweep_table"):
         lines.append(f"- A sweep's table of {w['points']:,} finished points (4 ranks each): `cluster logs <sweep> --json`, "
                      f"the whole process, **{w['seconds']:.2f} s** (goal < 3 s at 1,000 points).")  # fmt: skip
+    for g in r.get("pages", []):
+        opens = (
+            "no browser here" if g["load_ms"] is None else f"opens in headless Chromium in **{g['load_ms']:.0f} ms**"
+        )
+        lines.append(
+            f"- The job page of {g['ranks']:,} ranks x {g['lines']} lines (`cluster page`, the whole process, with "
+            f"TensorBoard's events): **{g['page_s']:.2f} s**, **{g['bytes'] / 2**20:.2f} MB**, {opens} (goals: 3 s "
+            "and 2 MB at 1,024 ranks, 15 s and 10 MB at 16,384, under 2 s to open)."
+        )
     s = r.get("submit")
     if s and "error" in s:
         lines.append(f"- Submit latency: the measurement failed: {s['error']}")
@@ -453,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan_speed(),
         "triage": [triage_speed(64, 500)] if args.quick else [triage_speed(1024, 5000), triage_speed(16384, 1000)],
         "sweep_table": sweep_table_speed(20 if args.quick else 1000),
+        "pages": [page_speed(64, 1)] if args.quick else [page_speed(1024, rounds), page_speed(16384, rounds)],
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
         "gpu": gpu_bench(rounds),

@@ -15,6 +15,7 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         "| fsdp@tp2 | 4 |",
         "busbw",
         "Log triage",
+        "The job page of 64 ranks",
         "1024 nodes x 8 GPUs",
         "| param_avg@k4 | 2 |",
         "## Restarts",

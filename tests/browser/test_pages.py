@@ -12,8 +12,8 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from fixtures.browser import available, chromium, console_errors, open_page, screenshot
 from tests.conftest import run_module
-from tests.support.browser import available, chromium, console_errors, open_page, screenshot
 
 pytestmark = pytest.mark.browser
 
