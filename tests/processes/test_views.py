@@ -4,6 +4,8 @@ each of the configuration lines its 4 ranks print alike once; the built-in train
 writes TensorBoard's events as it trains, and ``--wait`` ends with the job's page."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,16 @@ NANOGPT = ROOT / "tests" / "support" / "clients" / "nanogpt_train.py"
 
 def test_a_nanogpt_shaped_script_shows_its_loss_everywhere_and_its_ranks_alike_lines_once(tmp_path):
     result, info = submit("jobs/local.yaml", tmp_path, f"program.script={NANOGPT}", "tasks_per_node=4",
-                          'program.args=["--max-iters", "40"]', wait=False)  # fmt: skip
+                          'program.args=["--max-iters", "40", "--step-s", "0.05"]', wait=False)  # fmt: skip
     assert info is not None, result.stderr
     job = Path(info["log_dir"])
     wait_for_step(job, 0, None)  # the job is under way: --follow reads it from its first line, live
-    followed = run_module("cluster", "logs", str(job), "--follow", timeout=300)
+    with subprocess.Popen([sys.executable, "-m", "cluster", "page", str(job), "--follow", "--interval", "0.5"],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as paging:  # fmt: skip
+        followed = run_module("cluster", "logs", str(job), "--follow", timeout=300)
+        paged, said = paging.communicate(timeout=120)
+    # the page said the job was running, was written again until it ended, and then said so
+    assert paging.returncode == 0 and "running: 4 ranks" in said and paged.startswith("completed: 4 ranks"), said
     assert followed.returncode == 0, followed.stderr[-2000:]
     lines = followed.stdout.splitlines()
     for i in range(20):  # every rank printed each; each is shown once, with the ranks that wrote it

@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--log-interval", type=int, default=5)
     parser.add_argument("--eval-interval", type=int, default=20)
     parser.add_argument("--config-lines", type=int, default=20, help="configuration lines every rank prints")
+    parser.add_argument("--step-s", type=float, default=0.0, help="seconds each iteration sleeps (a longer step)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -51,6 +52,7 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        time.sleep(args.step_s)
         t1 = time.time()
         dt, t0 = t1 - t0, t1
         if iter_num % args.log_interval == 0 and master_process:
