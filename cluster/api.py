@@ -20,22 +20,22 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State
-from cluster.backends.slurm.attempt_history import restarts_used, summary
 from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
 from cluster.goodput.ledger import format_line, ledger_of
 from cluster.jobdir import SPEC, JobDir
 from cluster.logs.report import Report
-from cluster.logs.snapshot import snapshot
+from cluster.logs.stack_dump import ask_stacks
 from cluster.logs.triage import inspect
 from cluster.plan import Plan
-from cluster.provenance.record import provenance
+from cluster.provenance.reading import provenance
 from cluster.provenance.snapshot import Snapshot
+from cluster.restarts.history import restarts_used, summary
 from cluster.spec import JobSpec
 from cluster.submission import code_of, function_spec, load_spec, say_stderr
 from cluster.submission import dry_run as dry_run_loaded
@@ -45,10 +45,10 @@ from cluster.sweeps.grid import create as create_sweep
 from cluster.sweeps.grid import launch as launch_points
 from cluster.sweeps.grid import sweep_points
 from cluster.sweeps.table import sweep_table
-from cluster.system.poll import wait_until
+from cluster.system.poll import WaitTimeout, wait_until
 from train.config import build, read_yaml
 from train.errors import ConfigError
-from train.protocol import DETERMINISTIC_EXIT
+from train.protocol import DETERMINISTIC_EXIT, never_joined
 
 MAX_REQUEUES = 3  # submitit's: how often a Checkpointable function's job is requeued at its time limit
 
@@ -161,6 +161,40 @@ def rerun(job: str | Path, *overrides: str, log_dir: str | Path = "runs", **valu
             the_spec, the_plan, str(spec_file), overrides=texts, code=code, rerun_of=str(job_dir.path.resolve())
         )
     return Job(ref)
+
+
+@dataclass
+class PreflightOutcome:
+    """What ``preflight`` found: rank 0's report, whether it passed, the ranks that never joined
+    with their slots, or why it never ran (the queue, the scheduler)."""
+
+    job: JobRef
+    text: str = ""
+    ok: bool = False
+    missing: list[dict] = field(default_factory=list)  # {rank, node, host, local_rank}
+    error: str = ""
+
+
+def preflight(
+    job: str | Path | JobSpec, *overrides: str, timeout: float = 900.0, say: Say = say_stderr, **values: Any
+) -> PreflightOutcome:
+    """The preflight check alone on the spec's allocation (``cluster preflight``): every rank
+    joins, collectives are verified, bus bandwidth and /dev/shm measured. Waits ``timeout``
+    seconds at most (queue time included), then cancels the job."""
+    spec, plan = load_spec(job, override_texts(overrides, values), say)
+    ref = submit_loaded(spec, plan, source=str(job) if not isinstance(job, JobSpec) else "", preflight_only=True)
+    say(f"preflight job {ref.job_id}: {plan.world_size} rank(s); logs: {ref.job_dir}")
+    try:
+        wait_until(ref.done_saying_why_pending(say), timeout, f"preflight job {ref.job_id} to end", 1.0)
+    except (WaitTimeout, NeverStarts) as exc:
+        say(f"cancelling preflight job {ref.job_id}")
+        ref.backend.cancel(ref.job_dir, 10.0, say)
+        return PreflightOutcome(ref, error=str(exc))
+    rank0 = ref.job_dir.preflight_log(0)
+    text = rank0.read_text() if rank0.exists() else ""
+    missing = [{"rank": r, "node": plan.ranks[r].node, "host": plan.ranks[r].host, "local_rank": plan.ranks[r].local_rank}
+               for r in never_joined(text)]  # fmt: skip
+    return PreflightOutcome(ref, text, "preflight OK" in text, missing)
 
 
 def exit_code(report: Report) -> int:
@@ -283,9 +317,16 @@ class Job:
         """A function's job: rank 0's return value (see ``results``)."""
         return self.results(timeout, say)[0]
 
+    def stacks(self, timeout: float = 10.0, native: bool = False) -> dict:
+        """Every rank's stacks, grouped (``cluster stacks --json``); the job must be running."""
+        return ask_stacks(self.ref, timeout, native).to_json()
+
     def snapshot(self, timeout: float = 10.0, native: bool = False) -> dict:
-        """Every rank's stacks, grouped (``cluster snapshot --json``); the job must be running."""
-        return snapshot(self.ref, timeout, native).to_json()
+        """The old name of ``stacks``, for one release (it warns)."""
+        import warnings  # here: only the old name's callers pay for it
+
+        warnings.warn("Job.snapshot() is now Job.stacks() (the code snapshot keeps the name)", FutureWarning, 2)
+        return self.stacks(timeout, native)
 
 
 class FunctionFailed(RuntimeError):

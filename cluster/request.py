@@ -18,7 +18,6 @@ one task per node running torchrun, whose workers are the ranks.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 
 import yaml
@@ -184,22 +183,29 @@ def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str, time_
     ]  # fmt: skip
 
 
-def code_env(spec: JobSpec, code: Snapshot | None) -> dict[str, str]:
+def code_env(spec: JobSpec, code: Snapshot | None, pythonpath: str = "") -> dict[str, str]:
     """The spec's environment; where the snapshot holds the kit itself (the built-in trainer,
     or a program in the kit's tree), PYTHONPATH puts it first, so every step runs the
     submitted kit (``-P`` keeps the working directory off the path); after it, the spec's
-    PYTHONPATH, else the one this submission runs with, which the ranks would have inherited
-    (packages a GPU box or a module system puts there)."""
+    PYTHONPATH, else ``pythonpath``, the one the submission runs with, which the ranks would
+    have inherited (packages a GPU box or a module system puts there). Pure."""
     env = dict(spec.env)
     if code is not None and code.kit:
-        rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        rest = env.get("PYTHONPATH", pythonpath)
         env["PYTHONPATH"] = ":".join(p for p in (code.tree, rest) if p)
     return env
 
 
 def make_request(
-    spec: JobSpec, plan: Plan, python: str, preflight_only: bool = False, code: Snapshot | None = None
+    spec: JobSpec,
+    plan: Plan,
+    python: str,
+    preflight_only: bool = False,
+    code: Snapshot | None = None,
+    pythonpath: str = "",
 ) -> Request:
+    """The one translation of spec and plan into what runs (pure: ``pythonpath`` is the
+    submitter's PYTHONPATH, given, not read)."""
     steps = []
     # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
     # (srun would take the allocation's task count from the environment: name the step's own.)
@@ -233,7 +239,7 @@ def make_request(
     return Request(
         sbatch=tuple(sbatch_options(spec, plan)),
         srun=tuple(srun_options(spec, code)),
-        env=tuple(sorted(code_env(spec, code).items())),
+        env=tuple(sorted(code_env(spec, code, pythonpath).items())),
         setup=tuple(spec.setup),
         steps=tuple(steps),
         launcher=spec.launcher,

@@ -7,18 +7,10 @@ names as for ``python -m train`` so one override syntax serves both.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import os
 import re
-import shutil
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from cluster import backends
-from cluster.backends.base import Traits
 from cluster.jobdir import FUNCTION_DIR
 from train.config import (
     TRAIN_SECTIONS,
@@ -34,7 +26,7 @@ from train.config import (
     require_signal,
     to_dict,
 )
-from train.protocol import parse_time_limit_signal
+from train.protocol import PROGRAM_KINDS, parse_time_limit_signal
 
 # Values interpolated into #SBATCH lines and paths: no shell syntax, no spaces.
 SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]]*$")
@@ -112,7 +104,6 @@ class SnapshotSpec:
                 )
 
 
-PROGRAM_KINDS = ("script", "module", "function", "command", "submitit")
 # The job spec's keys that watch a program too (the rank shim's), beside the trainer's own.
 PROGRAM_WATCH_KEYS = ("stall_timeout_s", "startup_timeout_s")
 FUNCTION_FOLDER = f"$JOB_DIR/{FUNCTION_DIR}"  # program.submitit: a function job's pickles
@@ -157,78 +148,22 @@ class ProgramSpec:
                 f"set exactly one of {', '.join(f'{prefix}.{k}' for k in PROGRAM_KINDS)}; "
                 + (f"got {', '.join(given)}" if given else "got none"),
             )
-        check = {
-            "script": _check_script,
-            "module": _check_module,
-            "function": _check_function,
-            "command": _check_command,
-            "submitit": _check_submitit,
-        }
-        check[self.kind](f"{prefix}.{self.kind}", self.target)
+        if self.kind == "submitit" and self.submitit != FUNCTION_FOLDER:
+            raise ConfigError(
+                f"{prefix}.submitit",
+                f"set by cluster.submit(fn) to {FUNCTION_FOLDER}, not by hand (got {self.submitit!r})",
+            )
+        if self.kind == "function":
+            module, sep, name = self.function.partition(":")
+            if not sep or not name.isidentifier():
+                raise ConfigError(f"{prefix}.function", f"{self.function!r}: expected pkg.module:function")
+        # the program on disk is read at submission (cluster.checks), not here: a spec is data
         if self.kwargs and self.kind != "function":
             raise ConfigError(f"{prefix}.kwargs", f"kwargs are for {prefix}.function; a {self.kind} takes args")
         if self.kind == "submitit" and self.launcher != "per_task":
             raise ConfigError(f"{prefix}.launcher", "a Python function runs as one process per rank: per_task")
         if self.args and self.kind == "function":
             raise ConfigError(f"{prefix}.args", f"{prefix}.function is called with kwargs, not args")
-
-
-def _check_script(key: str, path: str) -> None:
-    if Path(path).is_dir():
-        raise ConfigError(key, f"{path!r} is a directory, not a script (program.module runs a package)")
-    if not Path(path).is_file():
-        where = "" if os.path.isabs(path) else f"relative to {os.getcwd()}; "
-        raise ConfigError(key, f"no such file {path!r} ({where}it must be on a filesystem the nodes share)")
-
-
-def find_module(key: str, name: str):
-    """The module's spec, found as ``python -m`` would from this directory, without running it."""
-    if not all(part.isidentifier() for part in name.split(".")):
-        raise ConfigError(key, f"{name!r} is not a dotted module name")
-    sys.path.insert(0, os.getcwd())
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(key, f"cannot find module {name!r}: {exc}") from None
-    finally:
-        sys.path.pop(0)
-    if found is None:
-        raise ConfigError(key, f"no module named {name!r} here ({os.getcwd()}) or on the Python path")
-    return found
-
-
-def _check_module(key: str, name: str) -> None:
-    find_module(key, name)
-
-
-def _check_function(key: str, target: str) -> None:
-    module, sep, name = target.partition(":")
-    if not sep or not name.isidentifier():
-        raise ConfigError(key, f"{target!r}: expected pkg.module:function")
-    found = find_module(key, module)
-    if found.origin and found.origin.endswith(".py"):
-        # Read, not imported: importing would run the user's module (and its imports) here.
-        tree = ast.parse(Path(found.origin).read_text(), found.origin)
-        names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
-        names |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-        names |= {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
-        if "*" in names or "__getattr__" in names:  # names made at import time: cannot be read
-            return
-        defined = name in names
-    else:  # built into Python, frozen (os, since 3.11) or compiled: not the user's code to run
-        defined = hasattr(importlib.import_module(module), name)
-    if not defined:
-        raise ConfigError(key, f"module {module!r} ({found.origin}) defines no {name!r}")
-
-
-def _check_submitit(key: str, folder: str) -> None:
-    if folder != FUNCTION_FOLDER:
-        raise ConfigError(key, f"set by cluster.submit(fn) to {FUNCTION_FOLDER}, not by hand (got {folder!r})")
-
-
-def _check_command(key: str, command: str) -> None:
-    if shutil.which(command) is None:
-        raise ConfigError(key, f"{command!r} is not an executable on PATH or at that path")
 
 
 @dataclass
@@ -356,7 +291,7 @@ class JobSpec:
         if self.signal:
             require_signal("signal", self.signal)
         require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
-        backends.get(self.cluster).check(self)  # what the backend cannot run
+        # what the spec's backend cannot run is checked at submission (cluster.checks)
         if self.restarts and self.container.runtime == "pyxis":
             raise ConfigError(
                 "restarts",
@@ -403,46 +338,3 @@ def check_program_sections(file_tree: dict, overrides: list[dict], source: str, 
         warn(
             f"note: {source}'s {', '.join(given)} section(s) are the built-in trainer's and are ignored: program runs instead"
         )
-
-
-def early_signal_note(spec: JobSpec, backend: Traits) -> str:
-    """A note when the scheduler may send the ranks' time-limit signal as the job starts: a
-    job no longer than the signal's lead plus the scheduler's slack (SLURM: 60 s) can get it
-    before srun has started the ranks, and then no rank ever does (seen: ``time: 2`` with
-    ``USR1@90``)."""
-    early = backend.signal_early_s
-    if not spec.rank_signal or not early:
-        return ""
-    lead = parse_time_limit_signal(spec.signal)[1]
-    if spec.time_minutes * 60 > lead + early:
-        return ""
-    return (
-        f"note: signal: {spec.signal} with time: {spec.time}: the scheduler may send the signal up to {early} s "
-        "early (sbatch --signal), here as soon as the job starts, before its ranks exist to get it; give the job "
-        f"more than {lead + early} s or the signal a shorter lead"
-    )
-
-
-def unhandled_signal_note(spec: JobSpec) -> str:
-    """A note when the program's own source never names the spec's time-limit signal: it will
-    most likely not act on it (the shim then logs the signal and the program runs on to the
-    time limit, without a checkpoint). Read, not imported; a program it cannot read gets none."""
-    if not (spec.rank_signal and spec.program and spec.program.kind in ("script", "module")):
-        return ""
-    if spec.program.kind == "script":
-        source = Path(spec.program.script)
-    else:
-        origin = find_module("program.module", spec.program.module).origin
-        source = Path(origin) if origin else None
-    try:
-        text = source.read_text() if source and source.suffix == ".py" else None
-    except OSError:
-        return ""
-    name = spec.rank_signal
-    if text is None or re.search(rf"\b(SIG)?{name}\b", text):
-        return ""
-    return (
-        f"note: signal: {spec.signal} sends SIG{name} to every rank before the time limit, and "
-        f"{spec.program.target} never names SIG{name}: the kit keeps it running (its log says the signal came), "
-        "so it saves nothing then; handle the signal to checkpoint, or drop signal:"
-    )

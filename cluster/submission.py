@@ -4,6 +4,7 @@ backend would be handed."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,13 +13,14 @@ from typing import Any
 from cluster import backends
 from cluster.backends import JobRef
 from cluster.backends.base import Submission
+from cluster.checks import check_submission, early_signal_note, unhandled_signal_note
 from cluster.jobdir import FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
 from cluster.provenance.record import provenance_files
 from cluster.provenance.snapshot import Snapshot, snapshot_for
 from cluster.render import render
 from cluster.request import job_files, make_request
-from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections, early_signal_note, unhandled_signal_note
+from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections
 from train.config import ConfigError, apply_overrides, build, load, read_yaml, to_dict
 
 SUBMITIT_SIGNAL = "USR2@90"  # submitit's time-limit signal: a function's job where the spec has none
@@ -38,11 +40,31 @@ def load_spec(
         spec = load(JobSpec, job, overrides)
         separate = [apply_overrides({}, [text]) for text in overrides]
         check_program_sections(read_yaml(job), separate, str(job), say)
+    check_submission(spec)
     plan = make_plan(spec)
     for note in (unhandled_signal_note(spec), early_signal_note(spec, plan.backend)):
         if note:
             say(note)
     return spec, plan
+
+
+def rendered(spec: JobSpec, plan: Plan, source: str, say: Callable[[str], None] = say_stderr) -> str:
+    """What ``cluster render`` prints: the sbatch script submit would hand sbatch. Its code
+    snapshot is stored (the script may be submitted with sbatch itself), and the batch log's
+    directory made (SLURM does not create it: without it the job dies at launch)."""
+    code = code_of(spec)
+    text = render(spec, plan, make_request(spec, plan, node_python(spec, plan), code=code, pythonpath=inherited()),
+                  source=source)  # fmt: skip
+    batch_log_dir = job_root(spec.log_dir, spec.name)
+    if not batch_log_dir.is_dir():
+        batch_log_dir.mkdir(parents=True)
+        say(f"created {batch_log_dir}/ for the batch log (sbatch does not create it)")
+    return text
+
+
+def inherited() -> str:
+    """The PYTHONPATH this submission runs with: the ranks would inherit it (``cluster.request.code_env``)."""
+    return os.environ.get("PYTHONPATH", "")
 
 
 def function_spec(spec: str | Path | JobSpec | None, overrides: list[str] = ()) -> tuple[JobSpec, Plan]:
@@ -57,6 +79,7 @@ def function_spec(spec: str | Path | JobSpec | None, overrides: list[str] = ()) 
     restarts = any(data.get(key) for key in ("restarts", "spare_nodes", "min_nodes"))
     data["cluster"] = backends.for_functions(data.get("cluster", "slurm"), restarts)
     built = build(JobSpec, data)
+    check_submission(built)
     return built, make_plan(built)
 
 
@@ -84,7 +107,7 @@ def make_submission(
     into the job directory, where submitit does not do it itself). ``code``: the snapshot the
     ranks run; ``record``: the provenance files (``cluster.provenance.record``)."""
     python = node_python(spec, plan)
-    request = make_request(spec, plan, python, preflight_only, code)
+    request = make_request(spec, plan, python, preflight_only, code, inherited())
     script = render(spec, plan, request, source, *([job_id] if job_id else []))
     files: dict[str, str | bytes] = {**job_files(spec, plan, script), **(record or {})}
     if function is not None:
@@ -118,7 +141,7 @@ def submit(
     backend = backends.get(spec.cluster)
     if code is None and not preflight_only:
         code = code_of(spec, function)
-    record = provenance_files(spec, code, source, list(overrides), rerun_of)
+    record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec))
     prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record)
     try:
         return JobRef(backend.submit(prepared), backend)

@@ -5,7 +5,7 @@ log, see ``train.output.redirect_to``): it works while the stuck thread holds th
 code, where no Python-level thread or signal handler would run.
 
 - SIGTERM (srun's teardown after a peer died, a cancel): dump, then terminate as before.
-- ``DUMP_SIGNAL`` (``python -m cluster snapshot``): dump and carry on. SIGURG is ignored by
+- ``DUMP_SIGNAL`` (``python -m cluster stacks``): dump and carry on. SIGURG is ignored by
   default, so a snapshot taken before a rank registered it cannot kill that rank, and it is
   neither SLURM's preemption signal here (USR1) nor submitit's (USR2).
 - :class:`StallWatchdog` (``train.stall_timeout_s``): faulthandler's C timer thread dumps and

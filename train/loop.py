@@ -119,7 +119,7 @@ def check_replicas(trainable: Trainable, step: int) -> None:
         )
 
 
-class Progress:
+class LossMeter:
     """Accumulates the loss on the device; reads it (one host sync) only at log intervals."""
 
     def __init__(self, device: torch.device, batch_size: int):
@@ -218,7 +218,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         writer.write("resume", step=start, path=str(resume), from_world_size=saved_world)
     layout = asdict(ctx.dims)  # kept in checkpoints: a resume on another layout checks against it
     preempt = armed(t.preempt_signal)  # armed already by python -m train: what came in start-up counts
-    progress = Progress(ctx.device, t.batch_size)
+    progress = LossMeter(ctx.device, t.batch_size)
     record: dict = {}
     finite: tuple[int, float] | None = None  # the last logged step with a finite loss
     memory = None
@@ -332,7 +332,7 @@ def steady_state(device: torch.device, debug: bool):
         torch.cuda.set_sync_debug_mode(0)
 
 
-def state_is_finite(progress: Progress, trainable: Trainable, distributed: bool) -> bool:
+def state_is_finite(progress: LossMeter, trainable: Trainable, distributed: bool) -> bool:
     """Whether every rank's losses since the last log step and its parameters are finite: the
     loss sum accumulated on the device turns nan or inf with any non-finite step, so this costs
     nothing per step and one small all_reduce per save (every rank saves, or none does)."""

@@ -13,7 +13,7 @@ or as nothing, in the shapes that widely used trainers print:
 
 A mapping or key=value names its step with a key (``step``, ``global_step``, ``iter``,
 ``iteration``); nanoGPT's and torchtitan's lines start with it. A line with no step of its own
-takes the optimizer step the rank shim counted (``train.protocol.Progress``) when the output
+takes the optimizer step the rank shim counted (``train.protocol.ProgressFile``) when the output
 stamper reads it, within a millisecond of its writing on an idle core: a line printed after a
 step is counted at that step unless the next step ends before the stamper reads it.
 Numbers may be ``nan`` or ``inf`` (kept: a loss that turned nan is what one looks for).

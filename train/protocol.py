@@ -8,21 +8,32 @@ Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
     rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
     rank_00003.attempt1.log        the same after the first requeue or restart
     rank_00003.jsonl               its JSON records, one object per line
-    rank_00003.progress            its last optimizer step, the step's time and its pid (``Progress``)
+    rank_00003.progress            its last optimizer step, the step's time and its pid (``ProgressFile``)
     rank_00003.metrics.jsonl       a program's metrics, read from what it prints (``train.metrics``)
     tensorboard/                   TensorBoard's event files: the built-in trainer's rank 0, the kit's
-Records: ``start`` (who and where: env, pid; ``launched``: when the process began), ``step``
-(one per log interval: STEP_FIELDS; the last of a finished built-in run has ``final: true``),
-``end`` (a user's program returned:
-``exit_code`` and ``steps``; ``terminated`` where SIGTERM came to its own handler first), ``resume`` and ``preempted`` (checkpoints), ``first_step`` (the
-first optimizer step of an attempt: a user's program's first ``step`` record says the same),
-``failed`` (the rank's program raised: ``error`` "Type: message" and ``step``, the built-in
-trainer's step or a program's optimizer steps in this process; what tells a program error that
-repeats after a restart from a killed rank, a hang or a lost node), ``checkpoint`` (a save:
-``step`` and ``seconds``; the built-in trainer writes one per save, a program under the shim
-may append one to the file named by RECORDS_VAR: ``cluster logs --goodput`` counts them).
+
+Records, one JSON object a line, each with ``event``, ``rank`` and ``time`` (seconds since the epoch):
+
+    event        written by                 fields
+    start        every rank, every attempt  env, pid, versions, launched (when the process began);
+                                            the trainer: coords, dims, config; the shim: program
+    first_step   the attempt's first step   step (a program's first step record says the same)
+    step         each log interval          STEP_FIELDS; the trainer's last: final, state_bytes; the
+                                            shim's at steps 1, 2, 4, ... and every RECORD_EVERY_S
+    resume       the trainer, from a ckpt   step, path, from_world_size
+    checkpoint   a save                     step, seconds (the trainer's; a program may append one
+                                            to the file RECORDS_VAR names: docs/goodput.md)
+    preempted    the time-limit signal      step (saved, then stopped)
+    failed       the rank's program raised  step (the trainer's, or a program's optimizer steps),
+                                            error ("Type: message")
+    end          a program returned         exit_code, steps; terminated where SIGTERM came to its
+                                            own handler first
+
+A program's metrics, read from what it prints, are in a file of their own (``metrics_name``:
+``{"step", "time", "values"}``, one record per step, ``train.metrics``).
+
 Signals: SIGTERM and fatal signals dump every thread's stack (faulthandler) and end the rank;
-DUMP_SIGNAL dumps and carries on (``cluster snapshot``); PREEMPT_SIGNAL asks for a checkpoint.
+DUMP_SIGNAL dumps and carries on (``cluster stacks``); PREEMPT_SIGNAL asks for a checkpoint.
 """
 
 from __future__ import annotations
@@ -91,6 +102,11 @@ def master_port_for_job(job_id: str | int) -> int:
     digits = re.sub(r"\D", "", str(job_id)) or "0"
     return PORT_BASE + int(digits) % PORT_SPAN
 
+
+# ----------------------------------------------------------------------------- programs
+# What a rank may run under the shim (``train.shim``'s flags, ``program:`` in a job spec): a Python
+# file, a module (python -m), a function (pkg.mod:fn), any executable, a pickled function's folder.
+PROGRAM_KINDS = ("script", "module", "function", "command", "submitit")
 
 # ----------------------------------------------------------------------------- records
 # The rank's records file, in the environment of a program under the shim: where it may append
@@ -179,7 +195,7 @@ TENSORBOARD = "tensorboard"
 PROGRESS_FORMAT = struct.Struct("<qdq")
 
 
-class Progress:
+class ProgressFile:
     """A rank's last optimizer step and its time, in a file of 24 bytes the rank maps into
     memory and rewrites at each step: a store, no system call, and it outlives the rank however
     it ends (the stall watchdog's exit in C, SIGKILL), where step records come only at powers of

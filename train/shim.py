@@ -6,7 +6,7 @@ of it (it runs unchanged):
   MASTER_ADDR, MASTER_PORT) from whichever launcher started the rank (``train.dist_env``);
 - every output line timestamped, in the rank's log (``--rank-log``: the shim opens it, for
   torchrun's workers; otherwise srun or the local launcher already point the output there);
-- every thread's stack in that log on SIGTERM, fatal signals and ``cluster snapshot``;
+- every thread's stack in that log on SIGTERM, fatal signals and ``cluster stacks``;
 - progress from the optimizer's steps (torch's global optimizer-step hook): step records with
   step times, and the stall watchdog, armed at the first step; before it, the start-up limit
   (``--startup-timeout-s``) stops a rank that never gets to a first step, stacks in its log;
@@ -57,8 +57,9 @@ from train.hangs import StallWatchdog, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
 from train.protocol import (
     DUMP_SIGNAL,
+    PROGRAM_KINDS,
     RECORDS_VAR,
-    Progress,
+    ProgressFile,
     RecordWriter,
     log_name,
     metrics_name,
@@ -68,17 +69,16 @@ from train.protocol import (
     stamp,
 )
 
-KINDS = ("script", "module", "function", "command", "submitit")
 RECORD_EVERY_S = 5.0  # step records at steps 1, 2, 4, 8, ... and at least this often
 
 
 class StepProgress:
     """The global optimizer-step hook: counts steps, feeds the watchdog, writes step records,
-    and keeps the last step in the rank's progress file (``train.protocol.Progress``)."""
+    and keeps the last step in the rank's progress file (``train.protocol.ProgressFile``)."""
 
     def __init__(self, writer: RecordWriter, watchdog: StallWatchdog, signals: ProgramSignals | None = None):
         self.writer, self.watchdog, self.signals = writer, watchdog, signals
-        self.last = Progress(writer.path.parent, writer.rank)
+        self.last = ProgressFile(writer.path.parent, writer.rank)
         self.steps = 0
         self.written_step, self.written_at = 0, time.perf_counter()
 
@@ -286,7 +286,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--requeue-on-signal", action="store_true", help="--submitit: submitit's checkpoint and requeue on the signal"
     )
     what = parser.add_mutually_exclusive_group(required=True)
-    for kind in KINDS:
+    for kind in PROGRAM_KINDS:
         what.add_argument(
             f"--{kind}", help="a pickled function's folder (cluster.submit(fn))" if kind == "submitit" else None
         )
@@ -301,7 +301,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    kind = next(k for k in KINDS if getattr(args, k))
+    kind = next(k for k in PROGRAM_KINDS if getattr(args, k))
     target = getattr(args, kind)
     env = from_environ(device=None)
     job_dir = Path(args.job_dir)

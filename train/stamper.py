@@ -16,7 +16,7 @@ step's processes (the time-limit signal, SIGTERM), so that it drains what is lef
 With ``--metrics`` it also reads each line the rank writes for metrics (``train.metrics``: a
 loss in any of the shapes widely used trainers print) and keeps them, one record per step, in
 FILE, the step of a line that names none taken from the rank's PROGRESS file (the shim's count
-of optimizer steps, ``train.protocol.Progress``) when the line is read.
+of optimizer steps, ``train.protocol.ProgressFile``) when the line is read.
 
 It also ends what the rank leaves running (``Leftovers``). The rank leads a process group of its
 own (``train.output.lead_own_group``), and whatever it started is in it: a DataLoader's workers,

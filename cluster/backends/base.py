@@ -108,8 +108,16 @@ class Backend(ABC):
     name: ClassVar[str]
     traits: ClassVar[Traits] = Traits()
 
+    def image(self, spec: JobSpec) -> dict | None:
+        """The image the ranks run in, for the job's provenance: its name, its runtime, and its
+        digest where this backend can ask for it from here (None: no image)."""
+        if not spec.container.image:
+            return None
+        return {"name": spec.container.image, "runtime": spec.container.runtime, "digest": None}
+
     def check(self, spec: JobSpec) -> None:
-        """Refuse (ConfigError naming the key) what this backend cannot run; called by the spec's validation."""
+        """Refuse (ConfigError naming the key) what this backend cannot run; called at submission
+        (``cluster.checks``)."""
         for key in ("restarts", "spare_nodes", "min_nodes"):
             if getattr(spec, key) and not self.traits.restarts:
                 raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.name}")

@@ -28,6 +28,19 @@ class DockerBackend(Backend):
                 "then container.image=torch-cluster-kit:latest)",
             )
 
+    def image(self, spec) -> dict | None:
+        """The spec's image, and its digest as this machine's engine has it."""
+        if not spec.container.image:
+            return None
+        try:
+            import docker  # lazy: only a docker job asks its engine
+
+            found = docker.from_env().images.get(spec.container.image)
+            digest = (found.attrs.get("RepoDigests") or [found.id])[0]
+        except Exception:  # noqa: BLE001 - no engine here: the record says so, the submission will too
+            digest = None
+        return {"name": spec.container.image, "runtime": "docker", "digest": digest}
+
     def host(self, node: int) -> str:
         return f"node{node}"  # the node's container, named so on the job's network
 

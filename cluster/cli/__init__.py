@@ -33,7 +33,8 @@ COMMANDS = {
     "logs": "per-rank table, first failing rank and its cascade, hangs, stragglers",
     "page": "the job (or sweep) on one HTML page: verdict, curves, step times, goodput, ranks, merged logs; "
     "and its TensorBoard events",
-    "snapshot": "every rank of a running job writes its stacks to its log; group ranks by where they are",
+    "stacks": "every rank of a running job writes its stacks to its log; group ranks by where they are",
+    "snapshot": "the old name of `stacks`, for one release",
     "diff": "what differs between two jobs, two sweep points, or a job and the working tree now: code, spec, "
     "packages, environment, nodes, outcome",
     "rerun": "submit a job again: the same code snapshot and resolved spec, overrides on top",
@@ -46,7 +47,7 @@ EXAMPLES = """examples:
   python -m cluster submit jobs/local.yaml --wait
   python -m cluster logs runs/local/12345 --json
   python -m cluster page runs/local/12345          # runs/local/12345/page.html, and TensorBoard's events
-  python -m cluster snapshot runs/local/12345
+  python -m cluster stacks runs/local/12345
   python -m cluster sweep jobs/local.yaml optim.lr=0.05,0.1 parallel.strategy=ddp,zero1 --max-parallel 2
   python -m cluster logs runs/local/sweep-20261125-040000 --metric test_loss
   python -m cluster diff runs/local/12345 runs/local/12399 --stat

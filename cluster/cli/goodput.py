@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 from cluster.cli.common import say
-from cluster.goodput.advice import simulate_command
+from cluster.goodput.advice import simulation
+from cluster.goodput.simulate import format_simulation
+from cluster.jobdir import JobDir
 
 DESCRIPTION = (
     "Predict the effective training time ratio (ETTR) of a run at scale for three policies "
@@ -22,4 +26,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    return simulate_command(args, say)
+    job = JobDir.find(args.job, args.log_dir) if args.job else None
+    scenario, result = simulation(job, args.simulate, say)
+    print(
+        json.dumps({"scenario": vars(scenario), **result})
+        if args.json
+        else "\n".join(format_simulation(scenario, result))
+    )
+    return 0

@@ -15,7 +15,7 @@ from cluster.logs.merge import merged, rank_texts
 from cluster.logs.parallel import collector_paused
 from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import inspect, job_is_running
-from cluster.provenance.record import one_line, provenance
+from cluster.provenance.reading import one_line, provenance
 from cluster.sweeps.directory import Sweep
 from train.errors import ConfigError
 
@@ -129,7 +129,7 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
         # YAML and the simulator: --goodput's alone
         from cluster.goodput.advice import format_advice, goodput_advice, gpu_hour_price
 
-        advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args), gpu_hour_price(job_dir)
+        advice, ledger.gpu_hour = goodput_advice(job_dir, ledger, args.mtbf_hours), gpu_hour_price(job_dir)
     # The text shows one line of the record: each rank's start records, which the JSON's
     # attempts are read from, are read only for the JSON.
     record = provenance(job_dir, nodes=args.json)

@@ -4,12 +4,10 @@ self-contained HTML page, and its TensorBoard events (``cluster.views``)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from cluster.cli.common import at_least, job_arguments, say
 from cluster.jobdir import JobDir
-from cluster.logs.triage import job_is_running
 from cluster.sweeps.directory import Sweep
 
 DESCRIPTION = """The job on one HTML page that opens anywhere (nothing from the network): its verdict,
@@ -34,26 +32,15 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from cluster.views.publish import publish_job, publish_once, publish_sweep  # here: the drawing machinery
+    from cluster.views.publish import follow_pages, publish_once, publish_sweep  # here: the drawing machinery
 
     out = Path(args.output) if args.output else None
     if sweep := Sweep.of(args.job):
         page, info = publish_sweep(sweep, out, args.metric, args.mode)
         return done(page, info, args.json)
     job = JobDir.find(args.job, args.log_dir)
-    if not args.follow:
-        page, info = publish_once(job, out)
-        return done(page, info, args.json)
-    events = None
-    while True:
-        over = job_is_running(job) is not True
-        page, info, events = publish_job(job, out, running=not over, events=events)
-        if over:
-            if events is not None:
-                events.close()
-            return done(page, info, args.json)
-        say(f"{time.strftime('%H:%M:%S')} {info['verdict']}: wrote {page}")
-        time.sleep(args.interval)
+    page, info = follow_pages(job, out, args.interval, say) if args.follow else publish_once(job, out)
+    return done(page, info, args.json)
 
 
 def done(page: Path, info: dict, as_json: bool) -> int:

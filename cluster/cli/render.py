@@ -6,10 +6,7 @@ import sys
 from pathlib import Path
 
 from cluster.cli.common import say, spec_arguments
-from cluster.jobdir import job_root
-from cluster.render import render
-from cluster.request import make_request
-from cluster.submission import code_of, load_spec, node_python
+from cluster.submission import load_spec, rendered
 
 
 def add_arguments(parser) -> None:
@@ -19,13 +16,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
-    code = code_of(spec)  # stored: the script may be submitted with sbatch itself
-    text = render(spec, plan, make_request(spec, plan, node_python(spec, plan), code=code), source=args.job)
-    # SLURM does not create the directory of --output: without it the job dies at launch.
-    batch_log_dir = job_root(spec.log_dir, spec.name)
-    if not batch_log_dir.is_dir():
-        batch_log_dir.mkdir(parents=True)
-        print(f"created {batch_log_dir}/ for the batch log (sbatch does not create it)", file=sys.stderr)
+    text = rendered(spec, plan, args.job, say)
     if args.output:
         Path(args.output).write_text(text)
         print(f"wrote {args.output}", file=sys.stderr)

@@ -1,27 +1,22 @@
-"""``cluster snapshot JOB [--json] [--native]``: every rank's stacks, grouped; who stands out."""
+"""``cluster snapshot``: the old name of ``cluster stacks`` (every rank's stacks), kept for one
+release; it says so, then does the same. The code snapshot keeps the name: ``snapshot:`` in a
+spec, and what ``cluster rerun`` runs."""
 
 from __future__ import annotations
 
-import json
+from cluster.cli import stacks
+from cluster.cli.common import say
 
-from cluster import api
-from cluster.cli.common import at_least, job_arguments
-from cluster.logs.snapshot import snapshot
+RENAMED = (
+    "`cluster snapshot` is now `cluster stacks` (the code snapshot keeps the name); this alias goes in the next release"
+)
+DESCRIPTION = f"{RENAMED}. {stacks.__doc__.split(':', 1)[1].strip()}"
 
 
 def add_arguments(parser) -> None:
-    job_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="one object: culprits, groups, missing")
-    parser.add_argument(
-        "--timeout", type=at_least(0, strictly=True), default=10.0, help="seconds to wait for every rank's stacks"
-    )
-    parser.add_argument("--native", action="store_true", help="add native frames with py-spy (needs ptrace)")
+    stacks.add_arguments(parser)
 
 
 def run(args) -> int:
-    verdict = snapshot(api.Job.attach(args.job, args.log_dir).ref, args.timeout, args.native)
-    if args.json:
-        print(json.dumps(verdict.to_json(), indent=1))
-        return 0
-    print(verdict.text(args.timeout))
-    return 0
+    say(f"note: {RENAMED}")
+    return stacks.run(args)

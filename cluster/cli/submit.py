@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from cluster import api, backends
+from cluster import api
 from cluster.cli.common import say, spec_arguments, steps_json
 from cluster.cli.waiting import add_wait, wait_for
 from cluster.plan import format_plan
-from cluster.submission import code_of, load_spec, make_submission, submit
+from cluster.submission import code_of, dry_run, load_spec, make_submission, submit
 
 
 def add_arguments(parser) -> None:
@@ -32,7 +32,7 @@ def run(args) -> int:
             return 0
         print(format_plan(plan))
         print()
-        print(backends.get(spec.cluster).dry_run(prepared), end="")
+        print(dry_run(spec, plan, args.job), end="")
         return 0
     job = api.Job(submit(spec, plan, source=args.job, overrides=args.overrides))
     if args.json:

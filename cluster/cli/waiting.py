@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 
 from cluster import api
-from cluster.backends import NeverStarts
 from cluster.cli.common import say
 from cluster.logs.follow import follow
 from cluster.logs.text import format_report
@@ -33,7 +32,7 @@ def wait_for(job: api.Job, as_json: bool) -> int:
             follow(job.ref.job_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
             report = job.report(running=False)
             print(format_report(report))
-    except NeverStarts as exc:
+    except api.NeverStarts as exc:
         print(f"error: {exc}; cancel it: python -m cluster cancel {job.job_dir}", file=sys.stderr)
         return 1
     write_views(job, as_json)

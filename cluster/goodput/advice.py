@@ -3,13 +3,12 @@ job's measured phase costs (its ledger, ``cluster.goodput.ledger``)."""
 
 from __future__ import annotations
 
-import json
 import statistics
 
 import yaml
 
 from cluster.goodput.ledger import Ledger, expected_ettr, gpus_per_node, ledger_of, mtbf_hours, young_daly_s
-from cluster.goodput.simulate import Scenario, format_simulation, parse_scenario, simulate
+from cluster.goodput.simulate import Scenario, parse_scenario, simulate
 from cluster.jobdir import TRAIN_CONFIG, JobDir
 from train.errors import ConfigError
 
@@ -51,19 +50,19 @@ def gpu_hour_price(job_dir: JobDir) -> float:
     return float(((spec or {}).get("cost") or {}).get("gpu_hour") or 0.0)
 
 
-def goodput_advice(job_dir: JobDir, ledger: Ledger, args) -> dict | None:
-    """The Young-Daly checkpoint interval for the job's measured save cost and an MTBF (given,
+def goodput_advice(job_dir: JobDir, ledger: Ledger, mtbf_h: float | None = None) -> dict | None:
+    """The Young-Daly checkpoint interval for the job's measured save cost and an MTBF (``mtbf_h``,
     or scaled from its size), beside its own ckpt_every, with the ETTR each would give."""
     m = measured(job_dir, ledger)
     if not (m["save_s"] and m["step_s"]):
         return {"why_none": "no checkpoint records (train.ckpt_every, or your program's own) or no step times"}
     gpus = m["nodes"] * m["gpus_per_node"] or m["ranks"]
-    mtbf_h = args.mtbf_hours or mtbf_hours(gpus)
+    given, mtbf_h = mtbf_h, mtbf_h or mtbf_hours(gpus)
     recovery = sum(v or 0 for v in (m["startup_s"], m["detection_s"], m["restart_s"]))
     best_s = young_daly_s(m["save_s"], mtbf_h * 3600)
     out = {
         "mtbf_h": round(mtbf_h, 3),
-        "mtbf_from": "--mtbf-hours" if args.mtbf_hours else f"1.8 h x 16,384 GPUs / {gpus}",
+        "mtbf_from": "--mtbf-hours" if given else f"1.8 h x 16,384 GPUs / {gpus}",
         "save_s": round(m["save_s"], 3),
         "step_s": round(m["step_s"], 5),
         "recovery_s": round(recovery, 1),
@@ -109,22 +108,17 @@ def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> Scenario:
     return s
 
 
-def simulate_command(args, say) -> int:
+def simulation(job_dir: JobDir | None, pairs: list[str], say) -> tuple[Scenario, dict]:
+    """``cluster goodput``'s scenario (the job's measured costs where one is given, then
+    ``pairs``, key=value) and what the simulator makes of it."""
     base = None
-    if args.job:
-        job_dir = JobDir.find(args.job, args.log_dir)
+    if job_dir is not None:
         ledger = ledger_of(job_dir)
         if ledger is None:
-            raise ConfigError(args.job, "has no records yet: nothing measured to simulate from")
-        base = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in args.simulate))
+            raise ConfigError(str(job_dir), "has no records yet: nothing measured to simulate from")
+        base = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in pairs))
         say(f"measured in {job_dir}: step {base.step_s:g} s, save {base.ckpt_s:g} s, start-up {base.startup_s:g} s")
-    scenario = parse_scenario(args.simulate, base)
+    scenario = parse_scenario(pairs, base)
     if not scenario.failures_at:
         say(f"simulating {scenario.trials} runs per policy and interval ...")
-    result = simulate(scenario)
-    print(
-        json.dumps({"scenario": vars(scenario), **result})
-        if args.json
-        else "\n".join(format_simulation(scenario, result))
-    )
-    return 0
+    return scenario, simulate(scenario)

@@ -36,10 +36,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from cluster import backends
-from cluster.backends.slurm.attempt_history import history
 from cluster.jobdir import JobDir
 from cluster.logs.scan import scan_log
 from cluster.logs.triage import job_is_running
+from cluster.restarts.history import history
 
 CATEGORIES = ("queued", "start-up", "productive", "checkpoint", "lost work", "other", "detection", "stalled",
               "restart", "teardown")  # fmt: skip
@@ -48,8 +48,10 @@ MTBF_REFERENCE = (1.8, 16384)
 
 
 @dataclass
-class Attempt:
-    """One attempt, as its records tell it (times in seconds since the epoch)."""
+class AttemptTimes:
+    """When each phase of one attempt happened, as a rank's records tell it (seconds since the
+    epoch): the ledger's view of an attempt, whose record of its own (nodes, culprit, verdict)
+    is ``cluster.restarts.history``'s."""
 
     launched: float
     ended: float
@@ -103,7 +105,7 @@ class Ledger:
         }
 
 
-def build(submitted: float, attempts: list[Attempt], end: float | None = None) -> Ledger:
+def build(submitted: float, attempts: list[AttemptTimes], end: float | None = None) -> Ledger:
     """The ledger of attempts launched in order; ``end``: the job's last record (at least the
     last attempt's end). Every boundary is clamped to come after the one before it, so the
     pieces are never negative and add up to the wall time exactly."""
@@ -255,7 +257,7 @@ def group_ledgers(job_dir: JobDir, limit: int = 8, running: bool | None = None) 
     return out
 
 
-def ended_by_its_log(job_dir: JobDir, rank: int, last: Attempt, times_kept: bool = True) -> float:
+def ended_by_its_log(job_dir: JobDir, rank: int, last: AttemptTimes, times_kept: bool = True) -> float:
     """The last attempt of a job that is over, where the kit wrote no end record of it (no
     restarts): the rank's log dates its end (its last write: a stall dump, a traceback's
     last line, the exit) and tells a hang (the stall watchdog's dump) and an error; the
@@ -291,7 +293,7 @@ def split_attempts(records: list[dict]) -> dict[int, list[dict]]:
     return out
 
 
-def attempt_of(records: list[dict], launched: float, end: dict | None, built_in: bool) -> Attempt:
+def attempt_of(records: list[dict], launched: float, end: dict | None, built_in: bool) -> AttemptTimes:
     """One attempt of rank 0, from its records (none: it ended before rank 0 wrote one) and the
     kit's end record of it (restarts)."""
     progress = [r for r in records if r.get("event") in ("first_step", "step")]
@@ -301,7 +303,7 @@ def attempt_of(records: list[dict], launched: float, end: dict | None, built_in:
     step_ms = [r["step_ms"] for r in steps if r.get("step_ms")]
     saves = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
     last_time = max((r.get("time", 0) for r in records), default=launched)
-    a = Attempt(launched=launched, ended=end["time"] if end else last_time)
+    a = AttemptTimes(launched=launched, ended=end["time"] if end else last_time)
     a.first_step = first
     a.last_progress = max(r["time"] for r in progress) if progress else None
     if built_in:  # its step records count from where it resumed

@@ -10,8 +10,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from cluster.backends.slurm.attempt_history import RESTART_SAID
 from cluster.jobdir import JobDir
+from cluster.restarts.history import RESTART_SAID
 
 
 @dataclass

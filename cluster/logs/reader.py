@@ -78,7 +78,7 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
             ended.get("exit_code") == 0 and not ended.get("terminated")
         )
         ev.latest = latest or None
-    # A program's last step, kept at every step (train.protocol.Progress): its step records
+    # A program's last step, kept at every step (train.protocol.ProgressFile): its step records
     # come at powers of two or every few seconds, and none when the watchdog or a signal ends it.
     last = job_dir.progress(rank, names)
     if last is not None and last[2] == ev.pid and last[0] > (ev.last_step or 0):

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from cluster.backends.slurm.attempt_history import restarts_used
+from cluster.restarts.history import restarts_used
 
 FAILED_STATES = ("failed", "stalled", "killed", "no_progress")
 
@@ -49,7 +49,7 @@ class Report:
     running: bool
     hang: dict | None = None
     flight_recorder: dict | None = None
-    attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.backends.slurm.attempt_history.summary
+    attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.restarts.history.summary
     restarts: int = 0
     # rank -> its (step, ms/step, record time) from its step records: inspect(step_times=True), for --plot
     step_times: dict[int, list[tuple[int, float, float]]] = field(default_factory=dict)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import orjson
 
-from cluster.backends.slurm.attempt_history import format_attempts
 from cluster.logs import stacks
 from cluster.logs.report import Report, fmt_time
 from cluster.logs.stacks import compress
+from cluster.restarts.history import format_attempts
 
 
 def format_report(report: Report, limit: int = 64) -> str:

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 from cluster import backends
-from cluster.backends.slurm.attempt_history import summary
 from cluster.jobdir import ATTEMPTS, JobDir
 from cluster.logs import stacks
 from cluster.logs.kills import SchedulerKills, scheduler_kill
@@ -23,6 +22,7 @@ from cluster.logs.report import RankReport, Report
 from cluster.logs.rules import Judging, find_hang, find_stragglers, rank_state, triage
 from cluster.logs.scan import scan_log
 from cluster.logs.stacks import Stack
+from cluster.restarts.history import summary
 
 # Jobs with at least this many ranks per CPU core are read by one process per core.
 PARALLEL_FROM = 128

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from cluster.jobdir import PACKAGES, SPEC, JobDir
-from cluster.provenance.record import code_line, provenance
+from cluster.provenance.reading import code_line, provenance
 from cluster.provenance.snapshot import manifest_of, project_now
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.table import job_outcome

@@ -32,8 +32,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import train
-from cluster.spec import JobSpec, find_module
+from cluster.spec import JobSpec
 from cluster.system.kit import KIT_ROOT, installed
 from train.errors import ConfigError
 
@@ -329,11 +328,13 @@ def program_location(spec: JobSpec, code_file: str = "") -> Path | None:
     """The directory of the program's code; None for installed software (the kit installed
     with pip, a command on PATH), which the package list and the image record instead."""
     p = spec.program
-    if p is None:
-        where = Path(train.__file__).resolve().parent  # the built-in trainer: the kit's own package
+    if p is None:  # the built-in trainer: the kit's own train package, beside this one
+        where = Path(__file__).resolve().parents[2] / "train"
     elif p.kind == "script":
         where = Path(p.script).resolve().parent
     elif p.kind in ("module", "function"):
+        from cluster.checks import find_module  # here: reading the program is the submission's, not a reader's
+
         origin = find_module(f"program.{p.kind}", p.target.partition(":")[0]).origin
         if not origin or not os.path.isabs(origin):
             return None  # built into Python

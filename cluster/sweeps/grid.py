@@ -127,7 +127,7 @@ def submissions(
     made = []
     for o in overrides:
         spec, plan = load_spec(job, o, quiet)
-        files = provenance_files(spec, code, job, o) if record else None
+        files = provenance_files(spec, code, job, o, image=backends.get(spec.cluster).image(spec)) if record else None
         made.append(make_submission(spec, plan, job, job_id=backend.array_task_id, code=code, record=files))
     return made
 

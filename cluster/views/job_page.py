@@ -23,7 +23,7 @@ from cluster.logs.report import Report, fmt_time
 from cluster.logs.series import WHOLE_UP_TO, Series, is_program, rank_series
 from cluster.logs.stacks import compress
 from cluster.logs.triage import inspect
-from cluster.provenance.record import one_line
+from cluster.provenance.reading import one_line
 from cluster.views import charts
 from cluster.views.render import render, write_page
 

@@ -107,3 +107,21 @@ class LiveEvents:
             self.say(f"TensorBoard's events not written: {type(exc).__name__}: {exc}")
         if over and self.events is not None:
             self.events.close()
+
+
+def follow_pages(job: JobDir, out: Path | None, interval_s: float, say) -> tuple[Path, dict]:
+    """``cluster page --follow``: the page written again every ``interval_s`` while the job
+    runs (it reloads itself in the browser), then once more when it has ended; its events
+    appended as they come. The last page's path and verdict."""
+    from cluster.logs.triage import job_is_running  # here: the backend is asked, --follow's alone
+
+    events = None
+    while True:
+        over = job_is_running(job) is not True
+        page, info, events = publish_job(job, out, running=not over, events=events)
+        if over:
+            if events is not None:
+                events.close()
+            return page, info
+        say(f"{time.strftime('%H:%M:%S')} {info['verdict']}: wrote {page}")
+        time.sleep(interval_s)

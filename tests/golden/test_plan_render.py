@@ -11,6 +11,7 @@ from cluster.plan import make_plan
 from cluster.render import render
 from cluster.request import make_request
 from cluster.spec import JobSpec
+from cluster.submission import load_spec
 from tests.conftest import ROOT, run_module
 from tests.support.bad_specs import BAD
 from train.config import ConfigError, load
@@ -78,8 +79,9 @@ def test_plan_cli_json_1024_nodes():
 
 @pytest.mark.parametrize("overrides, key", BAD, ids=[k for _, k in BAD])
 def test_bad_spec_names_the_key(overrides, key):
+    """As a submission loads a spec: its schema, the backend's limits (cluster.checks), its plan."""
     with pytest.raises(ConfigError) as err:
-        make_plan(spec(*overrides, path=ROOT / "jobs" / "multi_node.yaml"))
+        load_spec(ROOT / "jobs" / "multi_node.yaml", list(overrides), say=lambda text: None)
     assert err.value.key == key, str(err.value)
 
 

@@ -109,7 +109,7 @@ def test_status_snapshot_and_cancel_reach_into_the_containers(image, tmp_path):
             wait_for_step(job_dir, rank, 5, timeout=180)
         status = run_module("cluster", "status", str(job_dir), "--json")
         assert json.loads(status.stdout)["state"] == "RUNNING"
-        snapshot = run_module("cluster", "snapshot", str(job_dir), "--json", "--timeout=60")
+        snapshot = run_module("cluster", "stacks", str(job_dir), "--json", "--timeout=60")
         assert snapshot.returncode == 0, snapshot.stderr
         assert json.loads(snapshot.stdout)["missing"] == []  # every rank in both containers answered
     finally:

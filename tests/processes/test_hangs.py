@@ -74,7 +74,7 @@ def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_runni
         def everyone_else_waits():
             """Rank 2 says it hangs before the others reach their next collective (seen under
             load: rank 0 still logging was named too); a person's snapshot comes later."""
-            snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+            snap = run_module("cluster", "stacks", str(job_dir), "--json")
             verdict = json.loads(snap.stdout) if snap.returncode == 0 else {"groups": []}
             waiting = sorted(r for g in verdict["groups"] if g["waiting"] for r in g["ranks"])
             return verdict if waiting == [0, 1, 3] else None
@@ -86,7 +86,7 @@ def test_snapshot_of_a_running_hung_job_names_the_stuck_rank_and_leaves_it_runni
 
         # The ranks are where they were: the first --native snapshot must name rank 2 (a dump
         # read while it was written once made one name none; snapshot now waits for whole dumps).
-        text = run_module("cluster", "snapshot", str(job_dir), "--native").stdout
+        text = run_module("cluster", "stacks", str(job_dir), "--native").stdout
         assert "stands out: rank(s) 2" in text, text
         assert "native (py-spy)" in text and "hang_here" in text.split("rank 2, native")[1]
     finally:

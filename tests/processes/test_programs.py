@@ -66,7 +66,7 @@ def test_a_hanging_rank_of_the_script_is_named_by_snapshot_then_by_the_watchdog(
     job_dir = Path(info["log_dir"])
     try:
         wait_for_line(job_dir / "rank_00001.log", "rank 1 hangs at step 20")
-        snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+        snap = run_module("cluster", "stacks", str(job_dir), "--json")
         assert snap.returncode == 0 and json.loads(snap.stdout)["culprits"] == [1], snap.stdout + snap.stderr
         # then the stall watchdog (20 s) ends the job by itself
         wait_until(lambda: not job_running(job_dir), 180, "the watchdog to end the job")

@@ -377,7 +377,7 @@ def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path)
     job_dir = tmp_path / "multi-node" / info["job_id"]
     try:
         wait_for_line(job_dir / "rank_00002.log", "hangs on purpose")
-        snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+        snap = run_module("cluster", "stacks", str(job_dir), "--json")
         assert snap.returncode == 0, snap.stderr
         assert json.loads(snap.stdout)["culprits"] == [2]
         assert slurm_state(info["job_id"]) == "RUNNING"
@@ -957,7 +957,7 @@ def test_your_own_script_hanging_on_node_1_is_named_by_snapshot_and_by_the_watch
     job_dir = tmp_path / "cnn" / info["job_id"]
     try:
         wait_for_line(job_dir / "rank_00002.log", "rank 2 hangs at step 20", timeout=120)
-        snap = run_module("cluster", "snapshot", str(job_dir), "--json")
+        snap = run_module("cluster", "stacks", str(job_dir), "--json")
         assert snap.returncode == 0 and json.loads(snap.stdout)["culprits"] == [2], snap.stdout + snap.stderr
         assert slurm_state(info["job_id"]) == "RUNNING"
         wait_state(info["job_id"], (*TERMINAL, "GONE"), timeout=180)  # the watchdog (15 s) ends it

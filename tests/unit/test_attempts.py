@@ -5,18 +5,11 @@ import json
 
 import pytest
 
-from cluster.backends.slurm.attempt_history import format_attempts, summary
-from cluster.backends.slurm.attempts import (
-    BAD_NODE_STATES,
-    DEAD_NODE_STATES,
-    Decision,
-    batch_node_lost,
-    decide,
-    nodes_in,
-    restart_needs,
-    the_failure,
-)
+from cluster.backends.slurm.attempts import BAD_NODE_STATES, DEAD_NODE_STATES, batch_node_lost, nodes_in
 from cluster.jobdir import JobDir
+from cluster.restarts.attempts import the_failure
+from cluster.restarts.history import format_attempts, summary
+from cluster.restarts.policy import Decision, decide, restart_needs
 from train.protocol import never_joined_message, preflight_log_name, record_name
 
 ALLOC = ["n1", "n2", "n3"]
@@ -91,8 +84,8 @@ def test_no_restart_when_the_time_limit_is_nearer_than_what_a_restart_needs(left
 def test_what_a_restart_needs_is_the_signals_lead_a_start_up_and_slurms_minute():
     attempt = {"attempt": 1, "time": 1000.0}
     records = [{"event": "first_step", "time": 900.0}, {"event": "first_step", "time": 1025.0}]  # attempt 0's, then 1's
-    assert restart_needs({"signal": "USR1@120"}, attempt, records) == 120 + 25 + 60
-    assert restart_needs({"signal": ""}, attempt, []) == 60  # no signal, no first step yet
+    assert restart_needs({"signal": "USR1@120"}, attempt, records, 60) == 120 + 25 + 60
+    assert restart_needs({"signal": ""}, attempt, [], 60) == 60  # no signal, no first step yet
 
 
 @pytest.mark.parametrize(

@@ -98,8 +98,10 @@ def test_bad_input_exits_2_naming_the_key_before_anything_starts(overrides, key,
 
 
 def test_spec_without_image_is_rejected_on_load():
+    from cluster.submission import load_spec
+
     with pytest.raises(ConfigError, match="container.image"):
-        load(JobSpec, SPEC, TWO_BY_TWO)
+        load_spec(SPEC, TWO_BY_TWO, say=lambda text: None)
 
 
 def test_dry_run_prints_the_network_and_every_containers_docker_run(tmp_path):

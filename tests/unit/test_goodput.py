@@ -9,7 +9,7 @@ import time
 import pytest
 
 from cluster.goodput.ledger import (
-    Attempt,
+    AttemptTimes,
     attempt_of,
     build,
     expected_ettr,
@@ -27,7 +27,7 @@ from train.protocol import STAMP_FORMAT
 
 
 def test_an_uninterrupted_job_is_queue_start_up_training_and_its_parts_add_up():
-    a = Attempt(launched=110, ended=300, first_step=130, last_progress=300, last_step=1000, step_s=0.15,
+    a = AttemptTimes(launched=110, ended=300, first_step=130, last_progress=300, last_step=1000, step_s=0.15,
                 checkpoint_s=12.0)  # fmt: skip
     ledger = build(100, [a], end=302)
     c = ledger.categories
@@ -39,7 +39,7 @@ def test_an_uninterrupted_job_is_queue_start_up_training_and_its_parts_add_up():
 
 
 def test_gpu_hours_and_their_price_per_category():
-    a = Attempt(launched=0, ended=3600, first_step=360, last_progress=3600, last_step=3240, step_s=1.0)
+    a = AttemptTimes(launched=0, ended=3600, first_step=360, last_progress=3600, last_step=3240, step_s=1.0)
     ledger = build(0, [a])
     ledger.gpus, ledger.gpu_hour = 16, 2.5
     out = ledger.to_json()
@@ -50,9 +50,9 @@ def test_gpu_hours_and_their_price_per_category():
 
 def test_a_restart_shows_lost_work_detection_and_the_restart_each_as_its_own():
     """Attempt 0 reached step 120 and its last checkpoint was 100; attempt 1 resumed from 100."""
-    first = Attempt(launched=0, ended=80, first_step=10, last_progress=70, last_step=120, step_s=0.5,
+    first = AttemptTimes(launched=0, ended=80, first_step=10, last_progress=70, last_step=120, step_s=0.5,
                     failed=True)  # fmt: skip
-    second = Attempt(launched=90, ended=400, first_step=100, last_progress=400, start_step=100, last_step=700,
+    second = AttemptTimes(launched=90, ended=400, first_step=100, last_progress=400, start_step=100, last_step=700,
                      step_s=0.5)  # fmt: skip
     ledger = build(0, [first, second])
     c = ledger.categories
@@ -68,9 +68,9 @@ def test_step_times_that_overstate_the_span_are_scaled_to_it_keeping_lost_work_t
     machine: 120 steps at 0.021 s and a 0.414-s save need 2.934 s, the span is 2.348 s (a SLURM
     run's figures). Every part is scaled by the same 0.8, so the lost work stays 20/100 of the
     productive time and the parts still add up to the span."""
-    first = Attempt(launched=0, ended=5, first_step=1, last_progress=3.348, last_step=120, step_s=0.021,
+    first = AttemptTimes(launched=0, ended=5, first_step=1, last_progress=3.348, last_step=120, step_s=0.021,
                     checkpoint_s=0.414, failed=True)  # fmt: skip
-    second = Attempt(launched=6, ended=9, first_step=7, last_progress=9, start_step=100, last_step=200,
+    second = AttemptTimes(launched=6, ended=9, first_step=7, last_progress=9, start_step=100, last_step=200,
                      step_s=0.021)  # fmt: skip
     row = build(0, [first, second]).attempts[0]
     scale = 2.348 / 2.934
@@ -80,9 +80,9 @@ def test_step_times_that_overstate_the_span_are_scaled_to_it_keeping_lost_work_t
 
 
 def test_a_hang_is_stalled_time_and_boundaries_out_of_order_are_never_negative():
-    hung = Attempt(launched=0, ended=200, first_step=5, last_progress=20, last_step=30, step_s=0.5, failed=True,
+    hung = AttemptTimes(launched=0, ended=200, first_step=5, last_progress=20, last_step=30, step_s=0.5, failed=True,
                    hang=True)  # fmt: skip
-    late = Attempt(
+    late = AttemptTimes(
         launched=150, ended=300, first_step=140, last_progress=290, start_step=0, last_step=280, step_s=0.5
     )  # fmt: skip  (its first step "before" its launch: clocks of two nodes)
     ledger = build(0, [hung, late], end=310)

@@ -370,7 +370,7 @@ def test_follow_reads_an_attempts_last_lines_before_the_next_attempts_log(tmp_pa
         (["logs", "{job}", "--goodput", "--mtbf-hours", "-3"], ["--mtbf-hours", "must be > 0"]),
         (["logs", "{job}", "--rank", "0", "--tail", "0"], ["--tail", "must be >= 1"]),
         (["cancel", "{job}", "--grace", "-1"], ["--grace"]),
-        (["snapshot", "{job}", "--timeout", "0"], ["--timeout"]),
+        (["stacks", "{job}", "--timeout", "0"], ["--timeout"]),
         (["logs", "{empty}"], ["not a job directory of the kit"]),
         (["status", "{empty}"], ["not a job directory of the kit"]),
         (["goodput", "--simulate", "nodes=0"], ["nodes", "must be >= 1"]),

@@ -4,12 +4,14 @@ of jobs/train_cnn.py (a script written for torchrun that knows nothing of the ki
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from cluster.plan import make_plan
 from cluster.request import make_request
 from cluster.spec import JobSpec
+from cluster.submission import load_spec
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.programs import CNN
@@ -29,7 +31,7 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
         (["program.script=/nope.py"], "program.script", "no such file '/nope.py' (it must be on a filesystem"),
         (["program.script=jobs"], "program.script", "'jobs' is a directory, not a script"),
         (["program.script=", "program.module=no_such_module_here"], "program.module", "no module named"),
-        (["program.script=", "program.function=jobs.train_cnn:nope"], "program.function", "defines no 'nope'"),
+        (["program.script=", "program.function=jobs.train_cnn:nope", "program.args=[]"], "program.function", "defines no 'nope'"),
         (["program.script=", "program.function=jobs.train_cnn"], "program.function", "pkg.module:function"),
         (["program.script=", "program.command=no-such-binary"], "program.command", "not an executable"),
         (["program.module=json"], "program", "exactly one of"),
@@ -40,7 +42,7 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
         (["program.script=", "program.function=jobs.train_cnn:main"], "program.args", "called with kwargs"),
         (["program.launcher=mpirun"], "program.launcher", "must be one of"),
         (["stall_timeout_s=-1"], "stall_timeout_s", ">= 0"),
-        (["program.script=", "program.function=os:no_such_fn"], "program.function", "defines no 'no_such_fn'"),
+        (["program.script=", "program.function=os:no_such_fn", "program.args=[]"], "program.function", "defines no 'no_such_fn'"),
         (["signal=USR9@60"], "signal", "SIGUSR9 is no signal"),
         (["signal=USR1@soon"], "signal", "whole seconds"),
         (["signal=X:USR1@60"], "signal", "B, R or RB"),
@@ -48,9 +50,10 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
     ],
 )  # fmt: skip
 def test_bad_program_names_the_key(overrides, key, words, monkeypatch):
+    """As a submission loads a spec: the schema, then the program on disk (cluster.checks)."""
     monkeypatch.chdir(ROOT)  # program paths are relative to where `submit` runs
     with pytest.raises(ConfigError) as err:
-        spec(*overrides)
+        load_spec(ROOT / "jobs/cnn.yaml", list(overrides), say=lambda text: None)
     assert err.value.key == key and words in str(err.value)
 
 
@@ -195,3 +198,34 @@ def test_plan_notes_a_signal_slurm_may_send_before_the_ranks_start(time, noted):
     it at its start (minutes are rounded up, as SLURM does: 2:30 is 3 minutes, so 180 s)."""
     result = run_module("cluster", "plan", "jobs/cnn.yaml", f"time={time}", "signal=USR1@90")
     assert result.returncode == 0 and ("may send the signal up to 60 s early" in result.stderr) == noted, result.stderr
+
+
+NANOGPT_LAYOUT = """# nanoGPT's layout: its train.py runs when imported (its configurator reads sys.argv)
+import pathlib
+pathlib.Path("IMPORTED").write_text("the user's train.py ran")
+raise SystemExit("configurator: plan is not a config file")
+"""
+
+
+@pytest.mark.parametrize("entry", ["python -m cluster", "cluster-kit"])
+def test_the_kit_never_imports_the_users_train_py_from_their_directory(tmp_path, entry):
+    """From a project holding train.py, model.py and a spec (nanoGPT's own repository), the
+    kit's commands import the kit's train package, not the user's: plan and a dry run work,
+    and the user's train.py never runs."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(NANOGPT_LAYOUT)
+    (tmp_path / "model.py").write_text("raise SystemExit('the user model.py ran')\n")
+    (tmp_path / "spec.yaml").write_text("name: ng\ncluster: local\ntasks_per_node: 2\nprogram:\n  script: train.py\n")
+    command = (
+        [sys.executable, "-m", "cluster"]
+        if entry.startswith("python")
+        else [str(Path(sys.executable).parent / "cluster-kit")]
+    )
+    if not Path(command[0]).exists():
+        pytest.skip(f"{command[0]} is not installed here")
+    for args in (["plan", "spec.yaml"], ["submit", "spec.yaml", "--dry-run"]):
+        done = subprocess.run([*command, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "world size 2" in done.stdout and not (tmp_path / "IMPORTED").exists()

@@ -223,10 +223,10 @@ def test_the_kits_snapshot_goes_first_on_the_path_and_the_inherited_one_after_it
     from train.config import build
 
     code = replace(take(repo, tmp_path / "runs"), kit=True)
-    monkeypatch.setenv("PYTHONPATH", "/opt/site")
     for env, want in [({}, f"{code.tree}:/opt/site"), ({"PYTHONPATH": "lib"}, f"{code.tree}:lib")]:
         spec = build(JobSpec, {"cluster": "local", "env": env})
-        assert dict(make_request(spec, make_plan(spec), "python", code=code).env)["PYTHONPATH"] == want
+        request = make_request(spec, make_plan(spec), "python", code=code, pythonpath="/opt/site")
+        assert dict(request.env)["PYTHONPATH"] == want
 
 
 def test_a_start_records_versions_read_from_folder_names_match_the_metadata(tmp_path, monkeypatch):

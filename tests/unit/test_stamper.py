@@ -233,9 +233,9 @@ def test_the_end_of_a_line_already_ended_by_the_other_stream_adds_no_blank_line(
 METRICS = r"""
 import os, sys, time
 from train.output import leave, timestamp_lines
-from train.protocol import Progress
+from train.protocol import ProgressFile
 folder, log = sys.argv[1], sys.argv[2]
-progress = Progress(folder, 0)  # the shim's count of optimizer steps
+progress = ProgressFile(folder, 0)  # the shim's count of optimizer steps
 timestamp_lines((os.path.join(folder, "m.jsonl"), os.path.join(folder, "rank_00000.progress")))
 
 def passed(text):  # the stamper wrote it to the log: it has read it (the step is taken then)

@@ -1,6 +1,13 @@
-"""The record of a job's attempts (spec ``restarts``): ``attempts.jsonl`` written by
-``cluster.backends.slurm.attempts`` between attempts, read by ``cluster logs`` and ``cluster status``, and
-its summary in words.
+"""The record of a job's attempts (spec ``restarts``): ``attempts.jsonl``, written between
+attempts (``cluster.restarts.attempts``), read by ``cluster logs``, ``cluster status``, the
+goodput ledger and the page, and its summary in words.
+
+Records, one JSON object per line:
+    {"event": "start", "attempt": N, "nodes": [...], "time": T}
+    {"event": "end", "attempt": N, "nodes": [...], "exit_code": C, "rank": R, "node": "n2", "error": "...",
+     "failed_at": T, "hang": bool, "step": S, "raised": bool, "raised_at": S, "checkpoint": S,
+     "verdict": "restart" | "requeued" | "deterministic" | "exhausted" | "no_nodes" | "time_near",
+     "why": "...", "excluded": [[node, why], ...], "time": T}
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import time
 from cluster.jobdir import JobDir
 from train.protocol import read_records
 
-# What cluster.backends.slurm.attempts says goes to the batch script's output (slurm-<id>.log), each line
+# What cluster.restarts.attempts says goes to the batch script's output (slurm-<id>.log), each line
 # prefixed; before each restart it says "restart N of M ...": srun's words about the tasks of
 # the attempt running now come after the last such line (``cluster.logs.kills.scheduler_kill``).
 SAY_PREFIX = "cluster.attempts: "

@@ -1,4 +1,4 @@
-"""``cluster snapshot``: every running rank of a job writes its stacks to its log (the
+"""``cluster stacks``: every running rank of a job writes its stacks to its log (the
 protocol's DUMP_SIGNAL, sent by the job's backend); the stacks are grouped by where each rank
 is, and the rank that stands out is named."""
 
@@ -18,7 +18,7 @@ from train.protocol import DUMP_SIGNAL
 
 
 @dataclass
-class Snapshot:
+class StackDump:
     job_dir: str
     live: int  # ranks asked
     found: dict  # rank -> its stack (cluster.logs.stacks)
@@ -46,7 +46,7 @@ class Snapshot:
         return "\n".join(lines)
 
 
-def snapshot(job: JobRef, timeout: float, native: bool = False) -> Snapshot:
+def ask_stacks(job: JobRef, timeout: float, native: bool = False) -> StackDump:
     """Ask every running rank for its stacks and wait up to ``timeout`` for them; bad input
     (exit 2) when the job does not run."""
     report = inspect(job.job_dir, running=True)
@@ -75,4 +75,4 @@ def snapshot(job: JobRef, timeout: float, native: bool = False) -> Snapshot:
     verdict["missing"] = sorted({r.rank for r in live} - set(found))
     if native and py_spy():
         verdict["native"] = {r.rank: job.backend.native_stack(job.job_dir, r.host, r.pid) for r in live}
-    return Snapshot(str(job.job_dir), len(live), found, verdict, native)
+    return StackDump(str(job.job_dir), len(live), found, verdict, native)
