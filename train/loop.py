@@ -6,7 +6,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -168,19 +168,147 @@ def run(cfg: Config, env: DistEnv, quiet: bool = False) -> dict:
 
 
 def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: bool = False) -> dict:
+    """The loop, top to bottom: set up, resume, then each step: train, then the decisions of
+    ``Schedule`` (save, log, evaluate, stop at the time-limit signal), each a named part."""
     t = cfg.train
+    say = print if trainable.reports and not quiet else (lambda *a, **k: None)
+    writer = RecordWriter(t.run_dir, env.rank)
+    announce(cfg, env, ctx, writer, say, quiet)
+    board = Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say)
+    scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
+    ckpt = Checkpointer(Path(t.run_dir) / CHECKPOINTS, trainable, scaler, asdict(ctx.dims), writer, say, t)
+    start = ckpt.resume(env.world_size, ctx.dims.tp)
+    data, loader, batches = training_batches(cfg, ctx, start)
+    one_step = optimizer_step(cfg, ctx, trainable, scaler)
+    schedule, preempt = Schedule.of(t), armed(t.preempt_signal)  # armed already by python -m train
+    meter = LossMeter(ctx.device, t.batch_size)
+    watchdog = StallWatchdog(t.stall_timeout_s)  # from the first step: until then, the start-up limit
+    record: dict = {}
+    finite: tuple[int, float] | None = None  # the last logged step with a finite loss
+    memory = None
+    step = start
+    try:
+        for step in range(start + 1, t.steps + 1):
+            with steady_state(ctx.device, t.sync_debug and step > start + 1):
+                faults.inject(t, step, env.rank, ctx.device, env.restart)
+                one_step(meter, batches)
+            memory = memory or state_bytes(trainable)  # gradients and optimizer state all exist now
+            trainable.optimizer.zero_grad(set_to_none=True)
+            meter.step_done()
+            stepped(watchdog, writer, step, start)
+            if schedule.saves(step):
+                ckpt.save(step, meter, env.distributed)
+            if not schedule.logs(step):
+                continue
+            record = log_step(step, schedule, meter, trainable, data, env, writer, board, say, memory, t)
+            finite = check_finite(record, env.rank, finite) if t.stop_on_nonfinite else finite
+            if not schedule.is_last(step) and on_any_rank(preempt.raised, env.distributed, ctx.device):
+                record = stop_at_signal(step, schedule, ckpt, meter, env, writer, say, preempt.signal, record)
+                break
+            meter.restart_clock()
+        if start >= t.steps:  # resumed from the final checkpoint: nothing left but to report it
+            record = already_complete(start, trainable, data, writer, say)
+    except Exception as exc:  # the rank protocol's failed record: the step this rank raised at
+        writer.write("failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    finally:
+        watchdog.stop()
+        loader.close()
+        writer.close()
+        board.close()
+    return record
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the loop saves, logs, evaluates: each decision alone (torchtitan keeps its save
+    policy in ``CheckpointManager._should_save`` the same way)."""
+
+    steps: int
+    log_every: int
+    eval_every: int
+    ckpt_every: int
+
+    @classmethod
+    def of(cls, t) -> Schedule:
+        return cls(t.steps, t.log_every, t.eval_every, t.ckpt_every)
+
+    def is_last(self, step: int) -> bool:
+        return step == self.steps
+
+    def saves(self, step: int) -> bool:
+        """At every ``ckpt_every`` steps and at the end (none without ``ckpt_every``)."""
+        return bool(self.ckpt_every) and (step % self.ckpt_every == 0 or self.is_last(step))
+
+    def evaluates(self, step: int) -> bool:
+        return step % self.eval_every == 0 or self.is_last(step)
+
+    def logs(self, step: int) -> bool:
+        """A step record (and the line of the log) at log and evaluation steps, and the last."""
+        return step % self.log_every == 0 or self.evaluates(step)
+
+    def saves_at_signal(self, step: int) -> bool:
+        """At the time-limit signal: a save, unless this step's has just been made."""
+        return not (self.ckpt_every and step % self.ckpt_every == 0)
+
+
+def announce(cfg: Config, env: DistEnv, ctx: Context, writer: RecordWriter, say, quiet: bool) -> None:
+    """The start record, and who and where this rank is in its log (every rank's)."""
     coords = ctx.dims.coords(env.rank)
+    writer.write(
+        "start", env=env.as_record(), pid=os.getpid(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg),
+        versions=runtime_versions(),
+    )  # fmt: skip
+    t = cfg.train
+    if not quiet:
+        print(
+            f"rank {env.rank}/{env.world_size} on {env.host} (node {env.node_rank}, local rank {env.local_rank}), "
+            f"device {ctx.device}, pid {os.getpid()}, mesh {coords}",
+            flush=True,
+        )
+        if t.startup_timeout_s:
+            print(f"start-up limit: stacks to this log and exit 1 without a first step {t.startup_timeout_s:g} s "
+                  "after the start", flush=True)  # fmt: skip
+        if t.stall_timeout_s:
+            print(
+                f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step",
+                flush=True,
+            )
+    say(
+        f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
+        f"device {ctx.device} | {parameter_count(cfg.model):,} parameters"
+    )
+
+
+@dataclass
+class Data:
+    """What the loop evaluates on: the held-out set, on the device."""
+
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+def training_batches(cfg: Config, ctx: Context, start: int):
+    """The evaluation data, the loader (closed at the end) and its batches from ``start`` on
+    (the sampler derives the epoch and offset from the step: a resumed run reads the same)."""
+    t = cfg.train
     data, where = training_data(cfg, ctx.device)
+    coords = ctx.dims.coords(ctx.env.rank)
     sampler = ShardedSampler(
         len(data.x_train), t.batch_size, t.seed, coords["dp"], ctx.dims.dp, t.grad_accum, data.x_train.device
     )
     loader = make_loader(data, sampler, ctx.device, where)
-    x_test, y_test = data.x_test.to(ctx.device), data.y_test.to(ctx.device)
+    return Data(data.x_test.to(ctx.device), data.y_test.to(ctx.device)), loader, loader.batches(start, t.steps)
+
+
+def optimizer_step(cfg: Config, ctx: Context, trainable: Trainable, scaler):
+    """One optimizer step over ``grad_accum`` micro-batches, their losses to the meter: the
+    strategy's own forward-backward where it has one (pipeline), else autocast's; gradients
+    synchronised once, at the last micro-batch; the scaler's step in fp16."""
+    t = cfg.train
     model, optimizer = trainable.model, trainable.optimizer
     autocast = autocast_for(cfg, ctx.device, trainable)
-    scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
     scale = 1.0 / t.grad_accum
-    say = print if trainable.reports and not quiet else (lambda *a, **k: None)
 
     def forward_backward(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
         with autocast():
@@ -190,132 +318,105 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         return loss.detach()
 
     fb = trainable.forward_backward or forward_backward
-    writer = RecordWriter(t.run_dir, env.rank)
-    writer.write(
-        "start", env=env.as_record(), pid=os.getpid(), coords=coords, dims=asdict(ctx.dims), config=to_dict(cfg),
-        versions=runtime_versions(),
-    )  # fmt: skip
-    if not quiet:  # every rank, so that each rank's log says who and where it is
-        print(
-            f"rank {env.rank}/{env.world_size} on {env.host} (node {env.node_rank}, local rank {env.local_rank}), "
-            f"device {ctx.device}, pid {os.getpid()}, mesh {coords}",
-            flush=True,
-        )
-    say(
-        f"strategy {cfg.parallel.strategy} | world {env.world_size} ({env.launcher}) | dims {asdict(ctx.dims)} | "
-        f"device {ctx.device} | {parameter_count(cfg.model):,} parameters"
-    )
-    board = Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say)
-    ckpt_dir = Path(t.run_dir) / CHECKPOINTS
-    start = 0
-    # A checkpoint here is this run's own: written at its intervals or at the time-limit signal.
-    if (resume := checkpoint.latest(ckpt_dir)) is not None:
-        saved_world = checkpoint.saved_world_size(resume)
-        if saved_world != env.world_size:
-            say(f"resharding a {saved_world}-rank checkpoint to {env.world_size} ranks")
-        start = checkpoint.load(resume, trainable, scaler, ctx.dims.tp)
-        say(f"resumed from {resume} (step {start})")
-        writer.write("resume", step=start, path=str(resume), from_world_size=saved_world)
-    layout = asdict(ctx.dims)  # kept in checkpoints: a resume on another layout checks against it
-    preempt = armed(t.preempt_signal)  # armed already by python -m train: what came in start-up counts
-    progress = LossMeter(ctx.device, t.batch_size)
-    record: dict = {}
-    finite: tuple[int, float] | None = None  # the last logged step with a finite loss
-    memory = None
-    if t.startup_timeout_s and not quiet:
-        print(
-            f"start-up limit: stacks to this log and exit 1 without a first step {t.startup_timeout_s:g} s after the start",
-            flush=True,
-        )
-    if t.stall_timeout_s and not quiet:
-        print(f"stall watchdog: stacks to this log and exit 1 after {t.stall_timeout_s:g} s without a step", flush=True)
-    watchdog = StallWatchdog(t.stall_timeout_s)  # from the first step: until then, the start-up limit
-    step = start
-    batches = loader.batches(start, t.steps)
 
-    def save(step: int) -> None:
-        """A checkpoint of a finite state only: ``latest`` never points at nan or inf."""
-        if not state_is_finite(progress, trainable, env.distributed):
-            last = checkpoint.latest(ckpt_dir)
+    def step(meter: LossMeter, batches) -> None:
+        for micro in range(t.grad_accum):
+            x, y = next(batches)
+            inner = micro < t.grad_accum - 1
+            with trainable.no_sync() if inner else contextlib.nullcontext():
+                meter.add(fb(x, y, scale))
+        trainable.finish_grads()
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+
+    return step
+
+
+def stepped(watchdog: StallWatchdog, writer: RecordWriter, step: int, start: int) -> None:
+    """A step done: the watchdog armed at this attempt's first (``first_step``: when it began to
+    train, what ``cluster logs`` times recovery by), fed at the others."""
+    if step == start + 1:
+        watchdog.start()
+        writer.write("first_step", step=step)
+    else:
+        watchdog.progress()
+
+
+class Checkpointer:
+    """The loop's checkpoints: resume from the latest, and save a finite state only (``latest``
+    never points at nan or inf), each save's cost in the records (goodput's ``checkpoint``)."""
+
+    def __init__(self, ckpt_dir: Path, trainable: Trainable, scaler, layout: dict, writer: RecordWriter, say, t):
+        self.dir, self.trainable, self.scaler, self.layout = ckpt_dir, trainable, scaler, layout
+        self.writer, self.say, self.stop_on_nonfinite = writer, say, t.stop_on_nonfinite
+
+    def resume(self, world_size: int, tp: int) -> int:
+        """The step of the latest checkpoint (0 without one), loaded, resharded where it was
+        saved by another number of ranks."""
+        found = checkpoint.latest(self.dir)
+        if found is None:
+            return 0
+        saved_world = checkpoint.saved_world_size(found)
+        if saved_world != world_size:
+            self.say(f"resharding a {saved_world}-rank checkpoint to {world_size} ranks")
+        start = checkpoint.load(found, self.trainable, self.scaler, tp)
+        self.say(f"resumed from {found} (step {start})")
+        self.writer.write("resume", step=start, path=str(found), from_world_size=saved_world)
+        return start
+
+    def save(self, step: int, meter: LossMeter, distributed: bool) -> None:
+        if not state_is_finite(meter, self.trainable, distributed):
+            last = checkpoint.latest(self.dir)
             message = (
                 f"the state at step {step} is non-finite (a nan or inf loss or parameter): not saved; "
                 f"the latest checkpoint stays {last.name if last else 'none'}"
             )
-            if t.stop_on_nonfinite:
+            if self.stop_on_nonfinite:
                 raise NonFiniteLoss(f"{message}; {NON_FINITE_HINT}")
-            say(message)
+            self.say(message)
             return
         started = time.perf_counter()
-        checkpoint.save(ckpt_dir, step, trainable, scaler, layout)
-        writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))  # goodput's
+        checkpoint.save(self.dir, step, self.trainable, self.scaler, self.layout)
+        self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))
 
-    try:
-        for step in range(start + 1, t.steps + 1):
-            with steady_state(ctx.device, t.sync_debug and step > start + 1):
-                faults.inject(t, step, env.rank, ctx.device, env.restart)
-                for micro in range(t.grad_accum):
-                    x, y = next(batches)
-                    inner = micro < t.grad_accum - 1
-                    with trainable.no_sync() if inner else contextlib.nullcontext():
-                        progress.add(fb(x, y, scale))
-                trainable.finish_grads()
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                trainable.after_step(step)
-            if memory is None:  # gradients and optimizer state all exist now
-                memory = state_bytes(trainable)
-            optimizer.zero_grad(set_to_none=True)
-            progress.step_done()
-            if step == start + 1:  # when this attempt began to train (cluster logs: time to recover)
-                watchdog.start()
-                writer.write("first_step", step=step)
-            else:
-                watchdog.progress()
-            last = step == t.steps
-            if t.ckpt_every and (step % t.ckpt_every == 0 or last):
-                save(step)
-            if step % t.log_every and step % t.eval_every and not last:
-                continue
-            record = {"step": step, **progress.flush(env.distributed), "test_loss": None, "test_acc": None}
-            if step % t.eval_every == 0 or last:
-                if t.check_sync and trainable.synced(step):
-                    check_replicas(trainable, step)
-                result = trainable.evaluate(x_test, y_test)
-                if result is not None:
-                    record["test_loss"], record["test_acc"] = result
-            if last:
-                record["final"] = True
-                record["state_bytes"] = memory
-            writer.write("step", **record)
-            board.step(record)
-            say(format_line(record, t.steps))
-            if t.stop_on_nonfinite:
-                finite = check_finite(record, env.rank, finite)
-            if not last and on_any_rank(preempt.raised, env.distributed, ctx.device):
-                if not t.ckpt_every or step % t.ckpt_every:
-                    save(step)
-                record["preempted"] = True
-                writer.write("preempted", step=step)
-                say(f"preemption signal ({preempt.signal.name}): checkpoint saved at step {step}")
-                break
-            progress.restart_clock()
-        if start >= t.steps:  # resumed from the final checkpoint: nothing left but to report it
-            record = {"step": start, "train_loss": None, "local_loss": None, "step_ms": 0.0, "samples_per_s": 0.0}
-            record["test_loss"], record["test_acc"] = trainable.evaluate(x_test, y_test) or (None, None)
-            record.update(final=True, state_bytes=state_bytes(trainable))
-            writer.write("step", **record)
-            say(f"already complete at step {start}")
-    except Exception as exc:  # the rank protocol's failed record: the step this rank raised at
-        writer.write("failed", step=step, error=f"{type(exc).__name__}: {exc}"[:500])
-        raise
-    finally:
-        watchdog.stop()
-        loader.close()
-        writer.close()
-        board.close()
+
+def log_step(step, schedule, meter, trainable, data, env, writer, board, say, memory, t) -> dict:
+    """A step record: the losses since the last (one host sync), an evaluation where it is
+    due (and the replicas' check, train.check_sync), to the records, TensorBoard and the log."""
+    record = {"step": step, **meter.flush(env.distributed), "test_loss": None, "test_acc": None}
+    if schedule.evaluates(step):
+        if t.check_sync and trainable.synced(step):
+            check_replicas(trainable, step)
+        result = trainable.evaluate(data.x_test, data.y_test)
+        if result is not None:
+            record["test_loss"], record["test_acc"] = result
+    if schedule.is_last(step):
+        record["final"] = True
+        record["state_bytes"] = memory
+    writer.write("step", **record)
+    board.step(record)
+    say(format_line(record, t.steps))
+    return record
+
+
+def stop_at_signal(step, schedule, ckpt, meter, env, writer, say, sig, record) -> dict:
+    """The time-limit signal came to some rank: every rank saves (unless it just did) and stops."""
+    if schedule.saves_at_signal(step):
+        ckpt.save(step, meter, env.distributed)
+    writer.write("preempted", step=step)
+    say(f"preemption signal ({sig.name}): checkpoint saved at step {step}")
+    return {**record, "preempted": True}
+
+
+def already_complete(start: int, trainable: Trainable, data: Data, writer: RecordWriter, say) -> dict:
+    record = {"step": start, "train_loss": None, "local_loss": None, "step_ms": 0.0, "samples_per_s": 0.0}
+    record["test_loss"], record["test_acc"] = trainable.evaluate(data.x_test, data.y_test) or (None, None)
+    record.update(final=True, state_bytes=state_bytes(trainable))
+    writer.write("step", **record)
+    say(f"already complete at step {start}")
     return record
 
 

@@ -130,3 +130,35 @@ def test_pipeline_stage_meets_its_neighbours_in_one_dtype():
 
     ops = stage_class(Torch29Stage)()._get_init_p2p_neighbors_ops()
     assert [op.tensor.dtype for op in ops] == [torch.float32, torch.float32]
+
+
+@pytest.mark.parametrize(
+    "every, step, saves, logs, evaluates, at_signal",
+    [
+        ((1000, 100, 100, 0), 100, False, True, True, True),  # no ckpt_every: no save, but one at the signal
+        ((1000, 100, 100, 50), 50, True, False, False, False),  # saved at this step: none again at the signal
+        ((1000, 100, 300, 50), 200, True, True, False, False),
+        ((1000, 100, 300, 50), 210, False, False, False, True),
+        ((1000, 100, 300, 50), 1000, True, True, True, False),  # the last: saved, logged, evaluated
+        ((1000, 7, 300, 0), 999, False, False, False, True),
+    ],
+)  # fmt: skip
+def test_each_decision_of_the_loop_alone(every, step, saves, logs, evaluates, at_signal):
+    from train.loop import Schedule
+
+    schedule = Schedule(*every)
+    got = (schedule.saves(step), schedule.logs(step), schedule.evaluates(step), schedule.saves_at_signal(step))
+    assert got == (saves, logs, evaluates, at_signal)
+
+
+def test_the_loop_reads_on_one_screen():
+    """train() stays within 90 lines: its decisions are named parts (Schedule, Checkpointer,
+    log_step, stop_at_signal), each tested alone."""
+    import ast
+    import inspect
+
+    import train.loop
+
+    tree = ast.parse(inspect.getsource(train.loop))
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train"]
+    assert fn.end_lineno - fn.lineno + 1 <= 90
