@@ -351,10 +351,47 @@ def program_location(spec: JobSpec, code_file: str = "") -> Path | None:
 
 
 def snapshot_for(spec: JobSpec, code_file: str = "", write: bool = True) -> Snapshot | None:
-    """The job's snapshot; None: ``snapshot: false``, or installed code."""
+    """The job's snapshot; None: ``snapshot: false``, or installed code. The program's own file
+    must be in it: one a rule left out is bad input naming the rule (``left_out``)."""
     if not spec.snapshot.enabled or (location := program_location(spec, code_file)) is None:
         return None
-    return take(location, Path(spec.log_dir), tuple(spec.snapshot.exclude), spec.snapshot.max_mb, write)
+    required = program_file(spec)
+    return take(location, Path(spec.log_dir), tuple(spec.snapshot.exclude), spec.snapshot.max_mb, write, required)
+
+
+def program_file(spec: JobSpec) -> tuple[str, Path] | None:
+    """(the spec's key, the file) of the program's own file, which every rank runs from the
+    snapshot: a script, a module's source, a command given by its path; None otherwise."""
+    p = spec.program
+    if p is None or p.kind in ("submitit",):
+        return None
+    if p.kind == "script":
+        return "program.script", Path(p.script).resolve()
+    if p.kind == "command":
+        return ("program.command", Path(p.command).resolve()) if "/" in p.command else None
+    from cluster.checks import find_module  # here: as program_location
+
+    origin = find_module(f"program.{p.kind}", p.target.partition(":")[0]).origin
+    return (f"program.{p.kind}", Path(origin).resolve()) if origin and os.path.isabs(origin) else None
+
+
+def left_out(rel: str, root: Path, in_git: bool, exclude: tuple[str, ...], log_root: Path) -> str:
+    """Why the file ``rel`` of the project at ``root`` is not in its snapshot, and what to do."""
+    log_rel = log_root.resolve().relative_to(root) if log_root.resolve().is_relative_to(root) else None
+    if log_rel is not None and (rel == str(log_rel) or rel.startswith(f"{log_rel}/")):
+        return (f"it lies under the job's log root ({log_root}), which no snapshot holds (it would hold every "
+                f"job's logs): move it out of {log_root}/, or set snapshot=false")  # fmt: skip
+    if excluded(rel, ALWAYS_EXCLUDED):
+        found = next(p for p in ALWAYS_EXCLUDED if excluded(rel, (p,)))
+        return f"the snapshot always leaves out {found!r} (another log root's code store, caches, .git): move it"
+    if exclude and excluded(rel, exclude):
+        found = next(p for p in exclude if excluded(rel, (p,)))
+        return f"snapshot.exclude's pattern {found!r} leaves it out: drop the pattern, or move the file"
+    if in_git and git(root, "check-ignore", "-q", rel) is not None:
+        return "git ignores it (.gitignore), and the snapshot holds what git would commit: un-ignore or move it"
+    if not in_git and excluded(rel, NO_GIT_EXCLUDED):
+        return "outside git, the snapshot leaves out virtual environments and caches: move it"
+    return "it is not a regular file the snapshot could copy"
 
 
 def project_now(root: Path, log_root: Path, exclude: tuple[str, ...] = ()) -> dict[str, list]:
@@ -365,12 +402,26 @@ def project_now(root: Path, log_root: Path, exclude: tuple[str, ...] = ()) -> di
 
 
 def take(
-    location: Path, log_root: Path, exclude: tuple[str, ...] = (), max_mb: float = 100.0, write: bool = True
+    location: Path,
+    log_root: Path,
+    exclude: tuple[str, ...] = (),
+    max_mb: float = 100.0,
+    write: bool = True,
+    required: tuple[str, Path] | None = None,
 ) -> Snapshot:
-    """The snapshot of the project that holds ``location`` (a directory). ``write``: store it (not for ``--dry-run``, which shows where it would be). Bad input
-    (too big, a log root that cannot be written) is a ``ConfigError``: nothing is left half-written."""
+    """The snapshot of the project that holds ``location`` (a directory). ``write``: store it
+    (not for ``--dry-run``, which shows where it would be). Bad input (too big, a log root that
+    cannot be written, ``required``: (key, file) the program's own file left out) is a
+    ``ConfigError``: nothing is left half-written."""
     root, in_git = project_of(location.resolve())
     stats = file_stats(root, list_project(root, in_git, exclude, log_root))
+    if required is not None and required[1].is_relative_to(root):
+        rel = str(required[1].relative_to(root))
+        if rel not in stats:
+            why = left_out(rel, root, in_git, exclude, log_root)
+            raise ConfigError(
+                required[0], f"{rel} would not be in the job's code snapshot, which every rank runs: {why}"
+            )
     check_size(root, stats, max_mb)
     manifest, contents, vanished = read_files(root, stats)
     digest = digest_of(manifest)

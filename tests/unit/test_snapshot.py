@@ -246,3 +246,34 @@ def test_a_start_records_versions_read_from_folder_names_match_the_metadata(tmp_
     assert runtime_versions() == runtime_versions(installed_packages())
     assert runtime_packages() == {"torch": "2.11.0+cu130", "nvidia-nccl-cu13": "2.28.3",
                                   "nvidia-cuda-runtime": "13.0.96", "torch-cluster-kit": "0.1.0"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "where, overrides, rule",
+    [
+        ("runs/mine/t.py", ["log_dir=runs"], "under the job's log root (runs)"),
+        ("scratch/t.py", ['snapshot.exclude=["scratch"]'], "snapshot.exclude's pattern 'scratch'"),
+        ("data/t.py", [], "git ignores it (.gitignore)"),
+        ("other/.snapshots/t.py", [], "always leaves out '.snapshots'"),  # another log root's code store
+    ],
+)  # fmt: skip
+def test_a_program_a_snapshot_rule_leaves_out_is_refused_naming_the_rule(repo, where, overrides, rule):
+    """A script kept next to its results (under the log root), excluded, or ignored by git is
+    not in the snapshot the ranks run: the submission exits 2 saying which rule and what to do,
+    and nothing is submitted (no job directory, no snapshot stored)."""
+    (repo / where).parent.mkdir(parents=True, exist_ok=True)
+    (repo / where).write_text("print('run')\n")
+    done = run_module("cluster", "submit", "job.yaml", f"program.script={where}", *overrides, cwd=repo)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: program.script: {where} would not be in the job's code snapshot" in done.stderr
+    assert rule in done.stderr
+    assert not list(repo.rglob("plan.json")) and not list(repo.rglob("trees"))
+
+
+def test_a_program_under_the_log_root_runs_without_a_snapshot(repo):
+    """What the message offers: snapshot=false runs the file where it lies."""
+    (repo / "runs/mine").mkdir(parents=True)
+    (repo / "runs/mine/t.py").write_text("print('ran from the log root')\n")
+    done = run_module("cluster", "submit", "job.yaml", "program.script=runs/mine/t.py", "log_dir=runs",
+                      "snapshot=false", "--wait", cwd=repo)  # fmt: skip
+    assert done.returncode == 0 and "ran from the log root" in done.stdout, done.stderr[-2000:]
