@@ -9,9 +9,15 @@ TORCH  ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo to
 
 .PHONY: run test test-fast gpu-check lint bench submit logs plan minicluster minicluster-stop build docker-run clean
 
+# What running needs (make run, submit, logs ...); the test tier's clients, linters, profilers
+# and the browser driver come with .dev (make test, lint, bench).
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet "$(TORCH)"
+	$(VENV)/bin/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $@
 
@@ -33,26 +39,26 @@ minicluster:  ## a real SLURM cluster on this machine: 3 nodes x 4 fake GPUs (ro
 minicluster-stop:
 	$(PYTHON) -m cluster.system.minicluster stop
 
-test: $(VENV)/.installed  ## the whole suite: unit, golden, real multi-process, real clients, SLURM and image tiers (the SLURM tier side by side with the rest)
+test: $(VENV)/.dev  ## the whole suite: unit, golden, real multi-process, real clients, SLURM and image tiers (the SLURM tier side by side with the rest)
 	PY=$(PY) tests/provision.sh
 	$(PY) tests/suite.py
 
-test-fast: $(VENV)/.installed  ## unit and golden tests only
+test-fast: $(VENV)/.dev  ## unit and golden tests only
 	$(PY) -m pytest -m "not slow and not slurm and not image and not clients and not browser"
 
 # On a GPU box's own environment (its CUDA torch, no package registry): make gpu-check PY=python3
 # skips the venv; that interpreter needs pytest, pyyaml and orjson (docs/benchmarking.md).
 # Only the gpu tier's files are collected: the others import submitit and docker at the top.
 GPU_TESTS := tests/gpu tests/bench/test_gpu_bench.py
-gpu-check: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed)  ## on a CUDA machine: the gpu tier and bench.gpu's table (MFU), under 10 minutes on one GPU
+gpu-check: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.dev)  ## on a CUDA machine: the gpu tier and bench.gpu's table (MFU), under 10 minutes on one GPU
 	$(PY) -m pytest -m gpu -rs -p no:cacheprovider $(GPU_TESTS)
 	$(PY) -m bench.gpu --compile
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(VENV)/.installed  ## every benchmark in one run -> docs/benchmarks.md and docs/*.png (make minicluster first for SLURM)
+bench: $(VENV)/.dev  ## every benchmark in one run -> docs/benchmarks.md and docs/*.png (make minicluster first for SLURM)
 	$(PY) -m bench.report
 
 IMAGE ?= torch-cluster-kit:latest

@@ -32,9 +32,20 @@ def wheel_files(tmp_path_factory) -> set[str]:
 
 def test_the_wheel_ships_the_runtime_and_no_development_machinery(wheel_files):
     for shipped in ("cluster/__main__.py", "cluster/cli/logs.py", "cluster/backends/slurm/backend.py",
+                    "cluster/views/templates/job.html.j2", "cluster/views/templates/base.html.j2",
                     "cluster/logs/rules.py", "cluster/system/minicluster.py", "train/collectives.py", "train/shim.py"):  # fmt: skip
         assert shipped in wheel_files, shipped
     development = [f for f in wheel_files if f.startswith(("bench/", "tests/", "fixtures/")) or "synthetic" in f]
     assert development == []
     # what runs on a rank, and nothing that measures it (the benchmarks and the scaling study: bench/)
     assert not any(f.startswith("train/") and f.endswith(("bench.py", "scaling.py", "runs.py")) for f in wheel_files)
+
+
+def test_make_run_installs_what_running_needs_and_no_test_tier(tmp_path):
+    """A fresh clone's `make run` installs torch and the kit's runtime dependencies, not the
+    test tier's clients, linters and browser driver (`make test` adds those)."""
+    plan = lambda target: subprocess.run(["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}"],
+                                         capture_output=True, text=True, check=True).stdout  # noqa: E731  # fmt: skip
+    run = plan("run")
+    assert "pip install --quiet -e ." in run and "[dev]" not in run
+    assert "-e '.[dev]'" in plan("test")
