@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,17 +55,30 @@ def _model(trainable: Trainable) -> torch.nn.Module:
 def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler, layout: dict | None = None) -> Path:
     """Every rank's part of the checkpoint of ``step``; ``layout`` (the parallel dimensions)
     is kept for a resume on another layout to check against."""
-    final = ckpt_dir / step_name(step)
-    tmp = ckpt_dir / (step_name(step) + ".tmp")
-    if _rank() == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # a save that was killed before
-        tmp.mkdir(parents=True)
-    _barrier()
+    tmp = begin(ckpt_dir, step)
     import torch.distributed.checkpoint as dcp  # imported on use: about a second, most runs never save
 
     dcp.save(_state_dicts(trainable), checkpoint_id=tmp)
+    torch.save(extras(step, trainable, scaler, layout), tmp / f"extra_rank{_rank():05d}.pt")
+    return publish(ckpt_dir, step)
+
+
+def begin(ckpt_dir: Path, step: int) -> Path:
+    """The save's temporary directory, made anew by rank 0 (a save killed before left one)."""
+    tmp = ckpt_dir / (step_name(step) + ".tmp")
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()
+    return tmp
+
+
+def extras(step: int, trainable: Trainable, scaler, layout: dict | None, copy: bool = False) -> dict:
+    """This rank's own part: its step, RNG states, scaler, and where they are its own, its
+    optimizer shard and parameters (``copy``: cloned to host memory, for a write that runs on
+    while the loop trains)."""
     shard = trainable.optimizer_shard
-    extra = {
+    out = {
         "step": step,
         "world_size": _world_size(),
         "layout": layout,
@@ -72,7 +88,27 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler, layout: dict |
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
     }
-    torch.save(extra, tmp / f"extra_rank{_rank():05d}.pt")
+    if copy:
+        out = _to_host(out)
+    return out
+
+
+def _to_host(value):
+    """A copy of a nested state in host memory: tensors cloned, containers rebuilt."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_host(v) for v in value)
+    return value
+
+
+def publish(ckpt_dir: Path, step: int) -> Path:
+    """Once every rank's part is on disk: the directory renamed into place, then ``latest``
+    replaced (a temporary file and a rename), by rank 0; the others wait for it."""
+    final = ckpt_dir / step_name(step)
+    tmp = ckpt_dir / (step_name(step) + ".tmp")
     _barrier()  # every shard is on disk before the directory becomes visible
     if _rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -84,6 +120,139 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler, layout: dict |
         pointer.replace(ckpt_dir / LATEST)
     _barrier()
     return final
+
+
+WARM_UP = ".warm-up"  # the writing process's first, empty save (AsyncSaver.warm_up)
+
+
+@dataclass
+class Written:
+    """How an asynchronous save ended: its step, the seconds its write took, its error."""
+
+    step: int
+    write_s: float
+    error: str | None = None
+
+
+class AsyncSaver:
+    """Checkpoints written in the background (``train.ckpt_async``): DCP's ``async_save`` in a
+    process of its own where torch offers one (the write does not compete with the loop for the
+    GIL), staged first, so that the loop waits only for the copy of the state to host memory
+    (pinned where CUDA is; shared, so the writing process reads it in place) and the next
+    optimizer step cannot change what is being written. At most one save is in flight: a save
+    that comes while the previous one still writes waits for it (``finish``). ``latest`` moves
+    only when every rank's part is written, as a synchronous save's; one that failed on any rank
+    leaves the previous checkpoint latest and is reported (``Written.error``)."""
+
+    def __init__(self, ckpt_dir: Path, device: torch.device):
+        self.dir, self.device = ckpt_dir, device
+        self.pending: tuple[int, Future, Future, float] | None = None  # step, DCP's write, the extras', start
+        self.stager = None
+        self.extras_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kit-ckpt-extras")
+
+    def warm_up(self) -> None:
+        """Start the writing process now, in the background of the start-up, with a save of
+        nothing (a fresh interpreter importing torch: seconds the first save would wait)."""
+        import torch.distributed.checkpoint as dcp  # imported on use, as save's
+
+        kind, self.stager = _async_options(self.device, self.stager)
+        future = dcp.async_save({"warm_up": torch.zeros(1)}, checkpoint_id=str(self.dir / WARM_UP), **kind)
+        self.pending = (None, getattr(future, "upload_completion", future), None, time.perf_counter())
+
+    def start(self, step: int, trainable: Trainable, scaler, layout: dict) -> None:
+        """Stage this rank's state and start writing it; returns once it is staged."""
+        import torch.distributed.checkpoint as dcp  # imported on use, as save's
+
+        tmp = begin(self.dir, step)
+        kind, self.stager = _async_options(self.device, self.stager)
+        future = dcp.async_save(_state_dicts(trainable), checkpoint_id=str(tmp), async_stager=self.stager, **kind)
+        staged = extras(step, trainable, scaler, layout, copy=True)
+        written = self.extras_writer.submit(torch.save, staged, tmp / f"extra_rank{_rank():05d}.pt")
+        self.pending = (step, getattr(future, "upload_completion", future), written, time.perf_counter())
+
+    def finish(self, ok_everywhere) -> Written | None:
+        """Wait for the save in flight, then publish it where every rank wrote its part
+        (``ok_everywhere(flag)``: the flag agreed on by every rank); None without one."""
+        if self.pending is None:
+            return None
+        step, future, written, started = self.pending
+        self.pending = None
+        error = None
+        try:
+            future.result()
+            if written is not None:
+                written.result()
+        except Exception as exc:  # disk full, an unwritable directory: named, and training goes on
+            error = f"{type(exc).__name__}: {exc}"[:500]
+        write_s = time.perf_counter() - started
+        if step is None:  # the warm-up's: nothing to publish (its failure is the first save's to meet)
+            if _rank() == 0:
+                shutil.rmtree(self.dir / WARM_UP, ignore_errors=True)
+            return None
+        if ok_everywhere(error is None):
+            publish(self.dir, step)
+            return Written(step, write_s)
+        if _rank() == 0:
+            shutil.rmtree(self.dir / (step_name(step) + ".tmp"), ignore_errors=True)
+        return Written(step, write_s, error or "another rank's part of it failed")
+
+    def close(self) -> None:
+        """The writing process and the staging buffers released (a save in flight is abandoned:
+        its directory stays temporary, the previous checkpoint latest)."""
+        self.extras_writer.shutdown(wait=True)
+        if self.stager is not None:
+            self.stager.close()
+        _stop_checkpoint_process()
+        _stop_resource_tracker()
+
+
+def _async_options(device: torch.device, stager):
+    """DCP's executor (a process where this torch has one) and its stager (made once, reused:
+    its host buffers are allocated at the first save)."""
+    from torch.distributed.checkpoint import state_dict_saver  # on use, as save's
+
+    kind = {}
+    if hasattr(state_dict_saver, "AsyncCheckpointerType"):
+        kind["async_checkpointer_type"] = state_dict_saver.AsyncCheckpointerType.PROCESS
+    if stager is None:
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # on use, as save's
+        except ImportError:  # an older torch: its own default stager, made at each save
+            return kind, None
+        cuda = device.type == "cuda"
+        stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True,
+                                              use_async_staging=False, use_non_blocking_copy=cuda))  # fmt: skip
+    return kind, stager
+
+
+def _stop_checkpoint_process() -> None:
+    """DCP's writing process ends with the rank's interpreter; a rank of the kit leaves without
+    the interpreter's exit (``train.output.leave``), so it is told to stop here."""
+    try:
+        from torch.distributed.checkpoint import _async_process_executor as executor  # on use, as save's
+    except ImportError:
+        return
+    process = getattr(executor, "_CHECKPOINT_PROCESS", None)
+    if process is None:
+        return
+    executor._CHECKPOINT_PROCESS = None
+    process.__del__()  # sends it TERMINATE and joins it (SIGTERM after 5 s)
+    child = getattr(process, "_save_process", None)
+    if child is not None:
+        child.join(timeout=5)
+        if child.is_alive():  # its process group's end can wait for peers that are gone
+            child.kill()
+            child.join()
+
+
+def _stop_resource_tracker() -> None:
+    """The shared-memory staging started multiprocessing's resource tracker, which also ends
+    with the interpreter's exit alone."""
+    from multiprocessing import resource_tracker  # on use: only where a writing process ran
+
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    if tracker is not None and getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
+        tracker._stop()
 
 
 def latest(ckpt_dir: Path) -> Path | None:

@@ -176,7 +176,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     announce(cfg, env, ctx, writer, say, quiet)
     board = Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say)
     scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
-    ckpt = Checkpointer(Path(t.run_dir) / CHECKPOINTS, trainable, scaler, asdict(ctx.dims), writer, say, t)
+    ckpt = Checkpointer(Path(t.run_dir) / CHECKPOINTS, trainable, scaler, asdict(ctx.dims), writer, say, t, ctx.device)
     start = ckpt.resume(env.world_size, ctx.dims.tp)
     data, loader, batches = training_batches(cfg, ctx, start)
     one_step = optimizer_step(cfg, ctx, trainable, scaler)
@@ -197,7 +197,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             meter.step_done()
             stepped(watchdog, writer, step, start)
             if schedule.saves(step):
-                ckpt.save(step, meter, env.distributed)
+                ckpt.save(step, meter, env.distributed, final=schedule.is_last(step))
             if not schedule.logs(step):
                 continue
             record = log_step(step, schedule, meter, trainable, data, env, writer, board, say, memory, t)
@@ -213,6 +213,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         raise
     finally:
         watchdog.stop()
+        ckpt.close()
         loader.close()
         writer.close()
         board.close()
@@ -347,11 +348,20 @@ def stepped(watchdog: StallWatchdog, writer: RecordWriter, step: int, start: int
 
 class Checkpointer:
     """The loop's checkpoints: resume from the latest, and save a finite state only (``latest``
-    never points at nan or inf), each save's cost in the records (goodput's ``checkpoint``)."""
+    never points at nan or inf), each save's cost in the records (goodput's ``checkpoint``:
+    what the loop waited for). With ``train.ckpt_async`` the write runs in the background
+    (``checkpoint.AsyncSaver``): a save waits for the previous one still writing, the final
+    save and the time-limit signal's wait for their own, and each write's outcome is recorded
+    (``checkpoint_written``, or ``checkpoint_failed`` with the previous checkpoint latest)."""
 
-    def __init__(self, ckpt_dir: Path, trainable: Trainable, scaler, layout: dict, writer: RecordWriter, say, t):
+    def __init__(
+        self, ckpt_dir: Path, trainable: Trainable, scaler, layout: dict, writer: RecordWriter, say, t, device
+    ):
         self.dir, self.trainable, self.scaler, self.layout = ckpt_dir, trainable, scaler, layout
-        self.writer, self.say, self.stop_on_nonfinite = writer, say, t.stop_on_nonfinite
+        self.writer, self.say, self.stop_on_nonfinite, self.device = writer, say, t.stop_on_nonfinite, device
+        self.saver = checkpoint.AsyncSaver(ckpt_dir, device) if t.ckpt_async else None
+        if self.saver is not None:
+            self.saver.warm_up()
 
     def resume(self, world_size: int, tp: int) -> int:
         """The step of the latest checkpoint (0 without one), loaded, resharded where it was
@@ -367,7 +377,8 @@ class Checkpointer:
         self.writer.write("resume", step=start, path=str(found), from_world_size=saved_world)
         return start
 
-    def save(self, step: int, meter: LossMeter, distributed: bool) -> None:
+    def save(self, step: int, meter: LossMeter, distributed: bool, final: bool = False) -> None:
+        """``final``: the run ends (or stops at the signal) after it: its write is waited for."""
         if not state_is_finite(meter, self.trainable, distributed):
             last = checkpoint.latest(self.dir)
             message = (
@@ -379,8 +390,38 @@ class Checkpointer:
             self.say(message)
             return
         started = time.perf_counter()
-        checkpoint.save(self.dir, step, self.trainable, self.scaler, self.layout)
-        self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))
+        if self.saver is None:
+            checkpoint.save(self.dir, step, self.trainable, self.scaler, self.layout)
+            self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))
+            return
+        waited = self.settle(distributed, step)
+        self.saver.start(step, self.trainable, self.scaler, self.layout)
+        if final:
+            self.settle(distributed, step)
+        self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3),
+                          waited_s=round(waited, 3), asynchronous=True, final=final)  # fmt: skip
+
+    def settle(self, distributed: bool, step: int) -> float:
+        """The save in flight written and published (or its failure recorded); the seconds waited."""
+        started = time.perf_counter()
+        written = self.saver.finish(lambda ok: on_every_rank(ok, distributed, self.device))
+        waited = time.perf_counter() - started
+        if written is None:
+            return waited
+        if written.error:
+            last = checkpoint.latest(self.dir)
+            self.writer.write("checkpoint_failed", step=written.step, error=written.error)
+            print(f"checkpoint at step {written.step} was not written: {written.error}; the latest checkpoint "
+                  f"stays {last.name if last else 'none'}", flush=True)  # fmt: skip
+        else:
+            self.writer.write("checkpoint_written", step=written.step, write_s=round(written.write_s, 3))
+        if waited >= 0.05 and written.step != step:
+            self.say(f"the save at step {step} waited {waited:.2f} s for step {written.step}'s write (one at a time)")
+        return waited
+
+    def close(self) -> None:
+        if self.saver is not None:
+            self.saver.close()
 
 
 def log_step(step, schedule, meter, trainable, data, env, writer, board, say, memory, t) -> dict:
@@ -405,7 +446,9 @@ def log_step(step, schedule, meter, trainable, data, env, writer, board, say, me
 def stop_at_signal(step, schedule, ckpt, meter, env, writer, say, sig, record) -> dict:
     """The time-limit signal came to some rank: every rank saves (unless it just did) and stops."""
     if schedule.saves_at_signal(step):
-        ckpt.save(step, meter, env.distributed)
+        ckpt.save(step, meter, env.distributed, final=True)
+    elif ckpt.saver is not None:  # this step's save is in flight: the job stops only once it is written
+        ckpt.settle(env.distributed, step)
     writer.write("preempted", step=step)
     say(f"preemption signal ({sig.name}): checkpoint saved at step {step}")
     return {**record, "preempted": True}
@@ -446,6 +489,15 @@ def state_is_finite(progress: LossMeter, trainable: Trainable, distributed: bool
     if distributed:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def on_every_rank(flag: bool, distributed: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on all of them."""
+    if not distributed:
+        return flag
+    agreed = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
+    return bool(agreed.item())
 
 
 def on_any_rank(flag: bool, distributed: bool, device: torch.device) -> bool:
