@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from train.config import ConfigError
+from train.faults import unwritable_checkpoint
 from train.parallel.common import Trainable
 from train.protocol import LATEST, step_name
 
@@ -52,10 +53,17 @@ def _model(trainable: Trainable) -> torch.nn.Module:
     return trainable.state_modules[0]
 
 
-def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler, layout: dict | None = None) -> Path:
+def save(
+    ckpt_dir: Path,
+    step: int,
+    trainable: Trainable,
+    scaler,
+    layout: dict | None = None,
+    unwritable_at: int | None = None,
+) -> Path:
     """Every rank's part of the checkpoint of ``step``; ``layout`` (the parallel dimensions)
     is kept for a resume on another layout to check against."""
-    tmp = begin(ckpt_dir, step)
+    tmp = begin(ckpt_dir, step, unwritable_at)
     import torch.distributed.checkpoint as dcp  # imported on use: about a second, most runs never save
 
     dcp.save(_state_dicts(trainable), checkpoint_id=tmp)
@@ -63,12 +71,16 @@ def save(ckpt_dir: Path, step: int, trainable: Trainable, scaler, layout: dict |
     return publish(ckpt_dir, step)
 
 
-def begin(ckpt_dir: Path, step: int) -> Path:
-    """The save's temporary directory, made anew by rank 0 (a save killed before left one)."""
+def begin(ckpt_dir: Path, step: int, unwritable_at: int | None = None) -> Path:
+    """The save's temporary directory, made anew by rank 0 (a save killed before left one);
+    ``unwritable_at``: ``train.unwritable_ckpt_at_step`` (``train.faults``)."""
     tmp = ckpt_dir / (step_name(step) + ".tmp")
     if _rank() == 0:
+        if tmp.is_file():
+            tmp.unlink()
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        unwritable_checkpoint(tmp, step, unwritable_at)
     _barrier()
     return tmp
 
@@ -144,8 +156,8 @@ class AsyncSaver:
     only when every rank's part is written, as a synchronous save's; one that failed on any rank
     leaves the previous checkpoint latest and is reported (``Written.error``)."""
 
-    def __init__(self, ckpt_dir: Path, device: torch.device):
-        self.dir, self.device = ckpt_dir, device
+    def __init__(self, ckpt_dir: Path, device: torch.device, unwritable_at: int | None = None):
+        self.dir, self.device, self.unwritable_at = ckpt_dir, device, unwritable_at
         self.pending: tuple[int, Future, Future, float] | None = None  # step, DCP's write, the extras', start
         self.stager = None
         self.extras_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kit-ckpt-extras")
@@ -163,7 +175,7 @@ class AsyncSaver:
         """Stage this rank's state and start writing it; returns once it is staged."""
         import torch.distributed.checkpoint as dcp  # imported on use, as save's
 
-        tmp = begin(self.dir, step)
+        tmp = begin(self.dir, step, self.unwritable_at)
         kind, self.stager = _async_options(self.device, self.stager)
         future = dcp.async_save(_state_dicts(trainable), checkpoint_id=str(tmp), async_stager=self.stager, **kind)
         staged = extras(step, trainable, scaler, layout, copy=True)
@@ -182,8 +194,10 @@ class AsyncSaver:
             future.result()
             if written is not None:
                 written.result()
-        except Exception as exc:  # disk full, an unwritable directory: named, and training goes on
-            error = f"{type(exc).__name__}: {exc}"[:500]
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # disk full, an unwritable directory (DCP's CheckpointException is a
+            error = why_not_written(exc)  # BaseException): named, and training goes on
         write_s = time.perf_counter() - started
         if step is None:  # the warm-up's: nothing to publish (its failure is the first save's to meet)
             if _rank() == 0:
@@ -193,7 +207,8 @@ class AsyncSaver:
             publish(self.dir, step)
             return Written(step, write_s)
         if _rank() == 0:
-            shutil.rmtree(self.dir / (step_name(step) + ".tmp"), ignore_errors=True)
+            debris = self.dir / (step_name(step) + ".tmp")
+            debris.unlink() if debris.is_file() else shutil.rmtree(debris, ignore_errors=True)
         return Written(step, write_s, error or "another rank's part of it failed")
 
     def close(self) -> None:
@@ -206,13 +221,23 @@ class AsyncSaver:
         _stop_resource_tracker()
 
 
+def why_not_written(exc: BaseException) -> str:
+    """One line: DCP's CheckpointException holds each rank's own exception; the first says why."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, cause = next(iter(sorted(failures.items())))
+        return f"{type(cause).__name__}: {cause} (rank {rank}; {len(failures)} rank(s) failed)"[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
 def _async_options(device: torch.device, stager):
-    """DCP's executor (a process where this torch has one) and its stager (made once, reused:
-    its host buffers are allocated at the first save)."""
+    """DCP's executor (a process where this torch has one and a process group to form the
+    writers' own from; one process alone writes from a thread) and its stager (made once,
+    reused: its host buffers are allocated at the first save)."""
     from torch.distributed.checkpoint import state_dict_saver  # on use, as save's
 
     kind = {}
-    if hasattr(state_dict_saver, "AsyncCheckpointerType"):
+    if hasattr(state_dict_saver, "AsyncCheckpointerType") and dist.is_initialized():
         kind["async_checkpointer_type"] = state_dict_saver.AsyncCheckpointerType.PROCESS
     if stager is None:
         try:

@@ -159,6 +159,9 @@ class TrainConfig:
     hang_rank: int = 0
     extra_collective_rank: int | None = None
     extra_collective_at_step: int = 1
+    # The save of this step cannot be written (its directory is a file: a full disk, a lost
+    # mount): with ckpt_async the run goes on, names it and keeps the previous checkpoint latest.
+    unwritable_ckpt_at_step: int | None = None
     # Only in this attempt of a job that restarts (0: the first), like a node's fault that a
     # restart on another node does not meet again; null: in every attempt, like a bug.
     fault_attempt: int | None = None

@@ -1,7 +1,8 @@
 """Failures made on purpose, so that crashes and hangs can be reproduced and triaged.
 
 Each is a training-config switch (``train.fail_at_step``, ``train.hang_at_step``,
-``train.extra_collective_rank``) checked when a step starts. The functions' names are what
+``train.extra_collective_rank``) checked when a step starts, or when it saves
+(``train.unwritable_ckpt_at_step``). The functions' names are what
 a stack dump shows, so ``python -m cluster logs`` can be checked against them.
 """
 
@@ -41,3 +42,11 @@ def inject(t: TrainConfig, step: int, rank: int, device: torch.device, attempt: 
         hang_here(step, rank)
     if step == t.extra_collective_at_step and rank == t.extra_collective_rank and dist.is_initialized():
         extra_collective(step, rank, device)
+
+
+def unwritable_checkpoint(path, step: int, unwritable_at: int | None) -> None:
+    """``train.unwritable_ckpt_at_step``: the save's directory is a file, where every rank's
+    writes fail (as on a full disk or a lost mount)."""
+    if step == unwritable_at:
+        path.rmdir()
+        path.write_text(f"train.unwritable_ckpt_at_step={step}: no checkpoint can be written here\n")

@@ -359,7 +359,8 @@ class Checkpointer:
     ):
         self.dir, self.trainable, self.scaler, self.layout = ckpt_dir, trainable, scaler, layout
         self.writer, self.say, self.stop_on_nonfinite, self.device = writer, say, t.stop_on_nonfinite, device
-        self.saver = checkpoint.AsyncSaver(ckpt_dir, device) if t.ckpt_async else None
+        self.unwritable_at = t.unwritable_ckpt_at_step
+        self.saver = checkpoint.AsyncSaver(ckpt_dir, device, self.unwritable_at) if t.ckpt_async else None
         if self.saver is not None:
             self.saver.warm_up()
 
@@ -391,7 +392,7 @@ class Checkpointer:
             return
         started = time.perf_counter()
         if self.saver is None:
-            checkpoint.save(self.dir, step, self.trainable, self.scaler, self.layout)
+            checkpoint.save(self.dir, step, self.trainable, self.scaler, self.layout, self.unwritable_at)
             self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))
             return
         waited = self.settle(distributed, step)

@@ -33,6 +33,7 @@ class RankEvidence:
     preempted: dict | None = None  # the time-limit signal: saved and stopped
     step_ms: list[float] = field(default_factory=list)
     step_times: list[tuple[int, float, float]] = field(default_factory=list)  # (step, ms, time), where asked
+    checkpoint_error: str | None = None  # its last checkpoint that could not be written, and why
     logs: list[str] = field(default_factory=list)  # its log of each attempt
     scan: dict = field(default_factory=dict)  # cluster.logs.scan.scan_log of the last
 
@@ -69,6 +70,8 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
                 ev.end = rec
             elif event == "preempted" and ev.preempted is None:
                 ev.preempted = rec
+            elif event == "checkpoint_failed":
+                ev.checkpoint_error = f"step {rec.get('step')}: {rec.get('error')}"
         if step:
             ev.last_step, ev.last_loss = step["step"], step.get("local_loss", step.get("train_loss"))
         # The built-in trainer's last step record says final; a user's program has an end record,

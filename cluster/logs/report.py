@@ -36,6 +36,7 @@ class RankReport:
     cascade: bool = False
     straggler: bool = False
     log: str = ""
+    checkpoint_error: str | None = None  # a checkpoint it could not write (train.ckpt_async: the run went on)
 
 
 @dataclass

@@ -48,7 +48,8 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
     """A rank's state, error and times from its evidence."""
     scan = ev.scan
     rep = RankReport(rank=ev.rank, node=ev.node, host=ev.host, gpu=ev.gpu, pid=ev.pid, last_step=ev.last_step,
-                     last_loss=ev.last_loss, last_time=ev.latest, last_progress=ev.progress)  # fmt: skip
+                     last_loss=ev.last_loss, last_time=ev.latest, last_progress=ev.progress,
+                     checkpoint_error=ev.checkpoint_error)  # fmt: skip
     rep.attempts = max(1, len(ev.logs))
     rep.log = ev.logs[-1] if ev.logs else ""
     if scan.get("last_time"):

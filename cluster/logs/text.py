@@ -50,6 +50,11 @@ def format_report(report: Report, limit: int = 64) -> str:
     retired = [r.rank for r in report.ranks if r.state == "retired"]
     if retired:
         lines.append(f"ranks {retired[0]}-{retired[-1]} retired: the last attempt went on with fewer nodes (min_nodes)")
+    unwritten = [r for r in report.ranks if r.checkpoint_error]
+    if unwritten:
+        ranks = compress([r.rank for r in unwritten])
+        lines.append(f"CHECKPOINT NOT WRITTEN on ranks {ranks}, {unwritten[0].checkpoint_error} (the run went on; "
+                     "the checkpoint before it stayed latest)")  # fmt: skip
     for r in report.ranks:
         if r.exit_crash:  # not a failure: every result of the rank was written before
             lines.append(f"rank {r.rank} finished training, then crashed at exit: {r.exit_crash}")

@@ -260,6 +260,7 @@ def job_view(reading: Reading, page: Path) -> dict:
         "ranks": rank_rows(report, job, page.parent),
         "all_logs": all_logs(job, report.world_size, page.parent) if report.world_size > TABLE_ROWS else [],
         "stragglers": compress(report.stragglers) if report.stragglers else "",
+        "unwritten": [(r.rank, r.checkpoint_error) for r in report.ranks if r.checkpoint_error][:8],
         "metrics_svg": charts.svg(metrics_fig, "metrics"), "metric_lines": sum(len(v) for v in drawn.values()),
         "metric_ranks": "every rank" if report.world_size <= WHOLE_UP_TO else "rank 0 (the table: every rank's last loss)",
         "heat_svg": charts.svg(heat, "steptime"), "heat_rows": len(heat_drawn["rows"]),

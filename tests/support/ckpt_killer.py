@@ -1,13 +1,16 @@
 """Saves checkpoint 10 normally, then dies (SIGKILL from the test) in the middle of saving 20.
 
-``python -m tests.support.ckpt_killer RUN_DIR``: the second save's DCP shards are written, then the
-process announces "saving" and sleeps inside the save, where the test kills it.
+``python -m tests.support.ckpt_killer RUN_DIR [--async]``: the second save's DCP shards are
+written, then the process announces "saving" and sleeps inside the save, where the test kills
+it. ``--async``: both through ``train.checkpoint.AsyncSaver`` (the write in DCP's own process),
+the second killed after it was staged and while its write is in flight, before it is published.
 """
 
 import sys
 import time
 from pathlib import Path
 
+import torch
 import torch.distributed.checkpoint as dcp
 
 from train import checkpoint
@@ -18,7 +21,16 @@ from train.loop import setup
 run_dir = Path(sys.argv[1])
 cfg = load(Config, None, [f"train.run_dir={run_dir}"])
 trainable, _ = setup(cfg, DistEnv())
-checkpoint.save(run_dir / "checkpoints", 10, trainable, None)
+ckpt = run_dir / "checkpoints"
+if "--async" in sys.argv:
+    saver = checkpoint.AsyncSaver(ckpt, torch.device("cpu"))
+    saver.warm_up()
+    saver.finish(lambda ok: ok)
+    saver.start(10, trainable, None, {})
+    assert saver.finish(lambda ok: ok).error is None
+    saver.start(20, trainable, None, {})
+    print("saving", flush=True)
+    time.sleep(60)  # killed here: staged, its write in flight, the step not published
 real_save = dcp.save
 
 
@@ -28,5 +40,6 @@ def slow_save(*args, **kwargs):
     time.sleep(60)  # killed here: shards written, the step not yet published
 
 
+checkpoint.save(ckpt, 10, trainable, None)
 dcp.save = slow_save  # train.checkpoint imports DCP when it saves, and finds this
-checkpoint.save(run_dir / "checkpoints", 20, trainable, None)
+checkpoint.save(ckpt, 20, trainable, None)

@@ -2,6 +2,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import ROOT, run_module
@@ -14,18 +15,25 @@ from train.loop import setup
 from train.protocol import latest_checkpoint_step
 
 
-def test_resume_is_bitwise_identical(tmp_path):
-    straight = params_after(tmp_path / "a", 40)
-    params_after(tmp_path / "b", 20)  # stops at 20 with a checkpoint ...
-    resumed = params_after(tmp_path / "b", 40)  # ... and the next run picks it up
+@pytest.mark.parametrize("how", [[], ["train.ckpt_async=true"], ["train.ckpt_async=true", "parallel.strategy=model_parallel"]],
+                         ids=["sync", "async", "async-model_parallel"])  # fmt: skip
+def test_resume_is_bitwise_identical(tmp_path, how):
+    """One process (no process group: an asynchronous save writes from a thread, DCP's own)."""
+    straight = params_after(tmp_path / "a", 40, *how)
+    params_after(tmp_path / "b", 20, *how)  # stops at 20 with a checkpoint ...
+    resumed = params_after(tmp_path / "b", 40, *how)  # ... and the next run picks it up
     assert max_diff(straight, resumed) == 0.0
     assert (tmp_path / "b" / "checkpoints" / "latest").read_text().strip() == "step_0000040"
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
         "latest", "step_0000010", "step_0000020", "step_0000030", "step_0000040"]  # fmt: skip
 
 
-def test_kill_during_save_leaves_previous_checkpoint(tmp_path):
-    with subprocess.Popen([sys.executable, "-m", "tests.support.ckpt_killer", str(tmp_path)], cwd=ROOT,
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path, mode):
+    """Killed in the middle of saving step 20 (an asynchronous save: staged, its write in
+    flight in DCP's own process): step 10 stays latest, and step 20 is saved over the debris."""
+    flags = ["--async"] if mode == "async" else []
+    with subprocess.Popen([sys.executable, "-m", "tests.support.ckpt_killer", str(tmp_path), *flags], cwd=ROOT,
                           stdout=subprocess.PIPE, text=True) as proc:  # fmt: skip
         assert proc.stdout.readline().strip() == "saving"
         proc.send_signal(signal.SIGKILL)
