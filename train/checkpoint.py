@@ -209,7 +209,8 @@ class AsyncSaver:
         if _rank() == 0:
             debris = self.dir / (step_name(step) + ".tmp")
             debris.unlink() if debris.is_file() else shutil.rmtree(debris, ignore_errors=True)
-        return Written(step, write_s, error or "another rank's part of it failed")
+        where = self.dir / (step_name(step) + ".tmp")
+        return Written(step, write_s, f"{error or 'another rank could not write its part'}, writing {where}")
 
     def close(self) -> None:
         """The writing process and the staging buffers released (a save in flight is abandoned:
@@ -225,7 +226,8 @@ def why_not_written(exc: BaseException) -> str:
     """One line: DCP's CheckpointException holds each rank's own exception; the first says why."""
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict) and failures:
-        rank, cause = next(iter(sorted(failures.items())))
+        rank, cause = min(failures.items(), key=lambda item: item[0])
+        cause = cause[0] if isinstance(cause, tuple) else cause  # (the exception, its frames)
         return f"{type(cause).__name__}: {cause} (rank {rank}; {len(failures)} rank(s) failed)"[:500]
     return f"{type(exc).__name__}: {exc}"[:500]
 

@@ -1,4 +1,5 @@
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,29 @@ def test_fsdp_resume_under_load_exits_cleanly_every_time(tmp_path):
     finally:
         busy.kill()
         busy.wait()
+
+
+@pytest.mark.slow
+def test_an_asynchronous_save_that_cannot_be_written_is_named_and_the_run_goes_on(tmp_path):
+    """Step 40's save cannot be written (its directory is a file, as on a full disk): the run
+    trains on to its end, `cluster logs` names the save and why, the checkpoint before it
+    (step 20) stayed latest until step 60's was written."""
+    from tests.support.jobs import logs_json, submit
+
+    result, info = submit("jobs/local.yaml", tmp_path, "tasks_per_node=2", "train.steps=60", "train.log_every=20",
+                          "train.ckpt_every=20", "train.ckpt_async=true", "train.unwritable_ckpt_at_step=40")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    job = Path(info["log_dir"])
+    records = list(read_records(job / record_name(0)))
+    assert [(r["event"], r["step"]) for r in records if r["event"].startswith("checkpoint_")] == [
+        ("checkpoint_written", 20), ("checkpoint_failed", 40), ("checkpoint_written", 60)]  # fmt: skip
+    failed = next(r for r in records if r["event"] == "checkpoint_failed")
+    assert "step_0000040.tmp" in failed["error"] and "\n" not in failed["error"]
+    assert (job / "checkpoints" / "latest").read_text().strip() == "step_0000060"
+    assert (
+        not (job / "checkpoints" / "step_0000040").exists() and not (job / "checkpoints" / "step_0000040.tmp").exists()
+    )
+    _, report = logs_json(job)
+    assert report["completed"] == 2 and all(r["checkpoint_error"].startswith("step 40: ") for r in report["ranks"])
+    text = subprocess.run([sys.executable, "-m", "cluster", "logs", str(job)], capture_output=True, text=True).stdout
+    assert "CHECKPOINT NOT WRITTEN on ranks 0-1, step 40: " in text
