@@ -23,7 +23,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import torch
 
-from bench import pages, restart_bench, snapshot_cost
+from bench import checkpoints, pages, restart_bench, snapshot_cost
 from bench.gpu import table as gpu_table
 from bench.runs import run_ranks
 from bench.scaling.plot import plot as plot_scaling
@@ -160,6 +160,14 @@ def page_speed(ranks: int, rounds: int) -> dict:
     """``cluster page`` as a whole process, the page's size and its load time in Chromium."""
     with tempfile.TemporaryDirectory() as tmp:
         return pages.measure(ranks, rounds=rounds, env=as_installed(tmp))
+
+
+def checkpoint_costs(rounds: int, quick: bool) -> dict:
+    """What a save blocks the loop, synchronous against asynchronous (``bench.checkpoints``), in
+    a process of its own (its process group of one)."""
+    sizes = "25" if quick else "125,500,1000,2000"
+    return bench_json("--sizes-mb", sizes, "--rounds", str(1 if quick else rounds),
+                      *([] if quick else ["--job"]), module="bench.checkpoints")  # fmt: skip
 
 
 def submit_latency(rounds: int) -> dict | None:
@@ -364,6 +372,9 @@ def render_markdown(r: dict) -> str:
             f"TensorBoard's events): **{g['page_s']:.2f} s**, **{g['bytes'] / 2**20:.2f} MB**, {opens} (goals: 3 s "
             "and 2 MB at 1,024 ranks, 15 s and 10 MB at 16,384, under 2 s to open)."
         )
+    if (c := r.get("checkpoints")) and "error" not in c:
+        lines += ["", "## Checkpoints: what a save stops the loop for (`python -m bench.checkpoints`)", "",
+                  *checkpoints.table(c), "", "Goal: at 1 GB and more, asynchronous blocking <= 10 % of a synchronous save.", ""]  # fmt: skip
     s = r.get("submit")
     if s and "error" in s:
         lines.append(f"- Submit latency: the measurement failed: {s['error']}")
@@ -469,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         "triage": [triage_speed(64, 500)] if args.quick else [triage_speed(1024, 5000), triage_speed(16384, 1000)],
         "sweep_table": sweep_table_speed(20 if args.quick else 1000),
         "pages": [page_speed(64, 1)] if args.quick else [page_speed(1024, rounds), page_speed(16384, rounds)],
+        "checkpoints": guarded(checkpoint_costs, rounds, args.quick),
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
         "gpu": gpu_bench(rounds),

@@ -32,6 +32,8 @@ def measured(job_dir: JobDir, ledger: Ledger) -> dict:
     plan = job_dir.plan() or {}
     return {
         "save_s": statistics.fmean(saves) if saves else None,
+        # asynchronous saves: what a save blocked (save_s) and its write behind it
+        "write_s": statistics.median(ledger.writes_s) if ledger.writes_s else None,
         "step_s": statistics.median(steps) if steps else None,
         "startup_s": statistics.fmean(startups) if startups else (rows[0].get("start-up") if rows else None),
         "detection_s": (c["detection"] + c["stalled"]) / failures if failures else None,
@@ -93,32 +95,46 @@ def format_advice(advice: dict | None) -> list[str]:
     ]
 
 
-def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> Scenario:
+def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> tuple[Scenario, list[str]]:
     """A scenario with the job's measured phase costs (what it did not measure keeps its
-    default); a ``replay`` of its failures also trains what it trained, not a day's work."""
+    default), and the names of those it measured; a ``replay`` of its failures also trains
+    what it trained, not a day's work. An asynchronous job's save blocked for ``save_s`` and
+    was written in ``write_s``, which is what a synchronous save of it would have taken."""
     m = measured(job_dir, ledger)
     s = Scenario(nodes=m["nodes"], gpus_per_node=m["gpus_per_node"])
     if replay:
         s.work_h = ledger.categories["productive"] / 3600
-    for key, value in (("step_s", m["step_s"]), ("ckpt_s", m["save_s"]), ("startup_s", m["startup_s"]),
+    if m["write_s"] is not None:
+        costs = (("ckpt_blocking_s", m["save_s"]), ("ckpt_write_s", m["write_s"]), ("ckpt_s", m["write_s"]))
+    else:
+        costs = (("ckpt_s", m["save_s"]),)
+    found = []
+    for key, value in (("step_s", m["step_s"]), *costs, ("startup_s", m["startup_s"]),
                        ("detection_s", m["detection_s"]), ("restart_s", m["restart_s"]),
                        ("ckpt_every", m["ckpt_every"]), ("other_frac", m["other_frac"])):  # fmt: skip
         if value is not None:
             setattr(s, key, value)
-    return s
+            found.append(key)
+    return s, found
 
 
 def simulation(job_dir: JobDir | None, pairs: list[str], say) -> tuple[Scenario, dict]:
     """``cluster goodput``'s scenario (the job's measured costs where one is given, then
     ``pairs``, key=value) and what the simulator makes of it."""
-    base = None
+    base, found = None, []
     if job_dir is not None:
         ledger = ledger_of(job_dir)
         if ledger is None:
             raise ConfigError(str(job_dir), "has no records yet: nothing measured to simulate from")
-        base = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in pairs))
+        base, found = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in pairs))
         say(f"measured in {job_dir}: step {base.step_s:g} s, save {base.ckpt_s:g} s, start-up {base.startup_s:g} s")
     scenario = parse_scenario(pairs, base)
     if not scenario.failures_at:
         say(f"simulating {scenario.trials} runs per policy and interval ...")
-    return scenario, simulate(scenario)
+    result = simulate(scenario)
+    given = {pair.partition("=")[0] for pair in pairs}
+    for key in found:
+        result["sources"][key] = f"measured: {job_dir}'s ledger"
+    for key in given:
+        result["sources"][key] = "given (--simulate)"
+    return scenario, result

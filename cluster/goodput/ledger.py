@@ -80,6 +80,7 @@ class Ledger:
     segments: list[tuple[float, float, str, int]] = field(default_factory=list)
     gpu_hour: float = 0.0  # the spec's cost.gpu_hour: each category priced where it is set
     saves_s: list[float] = field(default_factory=list)  # rank 0's saves, each one's seconds (the advice)
+    writes_s: list[float] = field(default_factory=list)  # its asynchronous saves' writes, each one's seconds
 
     @property
     def ettr(self) -> float | None:
@@ -229,6 +230,8 @@ def ledger_of(
     ledger = build(submitted, attempts, last_record)
     ledger.gpus = gpus if gpus is not None else plan.get("nodes", 1) * gpus_per_node(plan)
     ledger.saves_s = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
+    # asynchronous saves (train.ckpt_async): each write's own seconds, behind the loop
+    ledger.writes_s = [r["write_s"] for r in records if r.get("event") == "checkpoint_written"]
     if not built_in:
         ledger.notes.append(
             "your own program: checkpoint time as it reported it"

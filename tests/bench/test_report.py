@@ -16,6 +16,7 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         "busbw",
         "Log triage",
         "The job page of 64 ranks",
+        "## Checkpoints: what a save stops the loop for",
         "1024 nodes x 8 GPUs",
         "| param_avg@k4 | 2 |",
         "## Restarts",
