@@ -26,6 +26,7 @@ from typing import Any
 
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State
+from cluster.dependencies import CONDITIONS, dependents, parents_of, waiting_reason
 from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
 from cluster.goodput.ledger import format_line, ledger_of
 from cluster.jobdir import SPEC, JobDir
@@ -104,12 +105,24 @@ def dry_run(
 
 
 def submit(
-    job: str | Path | JobSpec | Callable, *overrides: Any, spec: str | Path | JobSpec | None = None, **values: Any
+    job: str | Path | JobSpec | Callable,
+    *overrides: Any,
+    spec: str | Path | JobSpec | None = None,
+    after: list | tuple = (),
+    after_condition: str = "ok",
+    **values: Any,
 ) -> Job:
     """Submit the job to the spec's backend (``cluster submit``); or a Python function,
     ``submit(fn, *args, spec=..., **keywords)``: every rank calls ``fn(*args, ...)`` in the rank
     shim, and ``Job.result()`` gives rank 0's return value (on SLURM, through submitit). A
-    keyword that names one of ``fn``'s parameters is its argument; any other overrides the spec."""
+    keyword that names one of ``fn``'s parameters is its argument; any other overrides the spec.
+    ``after``: jobs (``Job``, ``SweepJob``, ids or directories) it waits for, ``after_condition``
+    ``ok`` (they completed), ``any`` (they ended) or ``failed`` (one failed: a clean-up);
+    ``cluster.dependencies``."""
+    parents = parents_of([str(p.job_dir if isinstance(p, Job) else getattr(p, "path", p)) for p in after],
+                         values.pop("log_dir", "runs")) if after else []  # fmt: skip
+    if after_condition not in CONDITIONS:
+        raise ConfigError("after_condition", f"one of {', '.join(CONDITIONS)}, not {after_condition!r}")
     if callable(job):
         from submitit.helpers import DelayedSubmission  # lazy: 45 ms that only a function's job needs
 
@@ -119,21 +132,27 @@ def submit(
         check_travels(job, overrides, arguments)
         delayed = DelayedSubmission(job, *overrides, **arguments)
         delayed.code_file = code_file(job)  # train.functions names the code where it was written
-        return submit_function(delayed, spec, override_texts(values=values))
+        return submit_function(delayed, spec, override_texts(values=values), after=(parents, after_condition))
     texts = override_texts(overrides, values)
     the_spec, the_plan = load_spec(job, texts)
-    return Job(submit_loaded(the_spec, the_plan, source_of(job), overrides=texts))
+    return Job(submit_loaded(the_spec, the_plan, source_of(job), overrides=texts, after=(parents, after_condition)))
 
 
 def submit_function(
-    delayed: Any, spec: str | Path | JobSpec | None, overrides: list[str], code: Snapshot | None = None
+    delayed: Any,
+    spec: str | Path | JobSpec | None,
+    overrides: list[str],
+    code: Snapshot | None = None,
+    after: tuple = ((), "ok"),
 ) -> Job:
     """A function's job: ``delayed`` (submitit's ``DelayedSubmission``) on every rank; its
     code ``code`` (a sweep's snapshot), or a snapshot taken now."""
     the_spec, the_plan = function_spec(spec, overrides)
     delayed.set_timeout(the_spec.time_minutes, MAX_REQUEUES)  # as submitit's executor does
     return Job(
-        submit_loaded(the_spec, the_plan, source_of(spec or ""), function=delayed, overrides=overrides, code=code)
+        submit_loaded(
+            the_spec, the_plan, source_of(spec or ""), function=delayed, overrides=overrides, code=code, after=after
+        )  # fmt: skip
     )
 
 
@@ -242,6 +261,8 @@ class Job:
                 if state.known
                 else ("UNKNOWN", "its scheduler cannot be asked from here")
             )
+        if (waits := waiting_reason(self.ref.job_dir)) and not self.ref.job_dir.records_file(0).exists():
+            name, reason = ("WAITING" if state.live else "NEVER RAN"), waits.removeprefix("never ran: ")  # --after
         status = {"job_id": self.job_id, "state": name, "reason": reason, "log_dir": str(self.job_dir)}
         allowed = self.ref.job_dir.plan().get("restarts")
         if allowed:
@@ -262,8 +283,15 @@ class Job:
         )
         return self.report(running=False)
 
-    def cancel(self, grace_s: float = 20.0, say: Say = say_stderr) -> None:
+    def cancel(self, grace_s: float = 20.0, say: Say = say_stderr, with_dependents: bool = False) -> list[str]:
+        """End the job (``with_dependents``: and the jobs waiting for it, theirs in turn);
+        the directories of the dependents cancelled."""
+        cancelled = []
+        if with_dependents:
+            for child in dependents(self.ref.job_dir, self.ref.job_dir.path.parent.parent):
+                cancelled += [str(child), *Job(JobRef.of(child)).cancel(grace_s, say, with_dependents=True)]
         self.ref.backend.cancel(self.ref.job_dir, grace_s, say)
+        return cancelled
 
     def report(self, **options: Any) -> Report:
         """The triage (``cluster.logs.triage.inspect``'s options: running, silent_after_s, straggler_margin)."""

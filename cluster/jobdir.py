@@ -9,6 +9,7 @@
     provenance.json  code.diff             what produced the result (cluster.provenance.record): the code
     spec.submitted.yaml  packages.txt      snapshot, its uncommitted diff, the spec as written, the packages
     attempts.jsonl  guard.log              restarts: each attempt's nodes, its end, the node excluded
+    dependency.json                        --after: the jobs it waits for; released, or never ran and why
     rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
     node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
     rank_00003.attempt1.log                the same rank after the first requeue
@@ -85,6 +86,7 @@ CODE_DIFF = "code.diff"  # the uncommitted changes of the snapshot's git tree, a
 SPEC_WRITTEN = "spec.submitted.yaml"  # the spec file as it was at submission (spec.yaml: as resolved)
 PACKAGES = "packages.txt"  # the submitter's installed packages, name==version
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
+DEPENDENCY = "dependency.json"  # --after: the jobs it waits for, then whether it was released (cluster.dependencies)
 GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
 # The per-task logs of a step, by kind: srun's --output pattern (%5t is the task id zero-padded
 # to 5, as log_name() writes it; ATTEMPT_SUFFIX is set by the rendered script from
@@ -195,6 +197,13 @@ class JobDir:
             return orjson.loads((self.path / PROVENANCE).read_bytes())
         except (FileNotFoundError, orjson.JSONDecodeError):
             return None
+
+    def dependency(self) -> dict:
+        """What the job waits for (``cluster.dependencies``); {} for a job that waits for none."""
+        try:
+            return orjson.loads((self.path / DEPENDENCY).read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return {}
 
     def text(self, name: str) -> str:
         """One of the job's text files (``CODE_DIFF``, ``PACKAGES``, ``SPEC``), "" if absent."""

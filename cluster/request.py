@@ -74,7 +74,8 @@ class Request:
         return any(f"${v}" in w for s in self.steps for w in s.command for v in ("MASTER_ADDR", "JOB_ID"))
 
 
-def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
+def sbatch_options(spec: JobSpec, plan: Plan, dependency: str = "") -> list[str]:
+    """``dependency``: SLURM's --dependency of the jobs it waits for (cluster.dependencies)."""
     opts = [
         f"--job-name={spec.name}",
         f"--nodes={spec.nodes + spec.spare_nodes}",
@@ -99,6 +100,8 @@ def sbatch_options(spec: JobSpec, plan: Plan) -> list[str]:
     # With restarts, a requeue is the fallback where the allocation cannot go on: SLURM
     # requeues a job whose batch node died, and the next allocation goes on with the attempts.
     opts.append("--requeue" if spec.requeue or spec.restarts else "--no-requeue")
+    if dependency:
+        opts.append(f"--dependency={dependency}")
     return opts + list(spec.sbatch_extra)
 
 
@@ -203,9 +206,10 @@ def make_request(
     preflight_only: bool = False,
     code: Snapshot | None = None,
     pythonpath: str = "",
+    dependency: str = "",
 ) -> Request:
     """The one translation of spec and plan into what runs (pure: ``pythonpath`` is the
-    submitter's PYTHONPATH, given, not read)."""
+    submitter's PYTHONPATH, given, not read; ``dependency``: SLURM's --dependency)."""
     steps = []
     # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
     # (srun would take the allocation's task count from the environment: name the step's own.)
@@ -237,7 +241,7 @@ def make_request(
         else []
     )
     return Request(
-        sbatch=tuple(sbatch_options(spec, plan)),
+        sbatch=tuple(sbatch_options(spec, plan, dependency)),
         srun=tuple(srun_options(spec, code)),
         env=tuple(sorted(code_env(spec, code, pythonpath).items())),
         setup=tuple(spec.setup),

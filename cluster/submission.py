@@ -4,6 +4,7 @@ backend would be handed."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -14,7 +15,9 @@ from cluster import backends
 from cluster.backends import JobRef
 from cluster.backends.base import Submission
 from cluster.checks import check_submission, early_signal_note, unhandled_signal_note
-from cluster.jobdir import FUNCTION_PICKLE, job_root
+from cluster.dependencies import Parent, checked, slurm_dependency
+from cluster.dependencies import record as dependency_record
+from cluster.jobdir import DEPENDENCY, FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
 from cluster.provenance.record import provenance_files
 from cluster.provenance.snapshot import Snapshot, snapshot_for
@@ -100,6 +103,7 @@ def make_submission(
     function: Any = None,
     code: Snapshot | None = None,
     record: dict[str, str] | None = None,
+    dependency: str = "",
 ) -> Submission:
     """Everything the backend gets: the request, the script ``render`` prints, the job's files.
     ``job_id``: how the script names its job (an array's task), where not SLURM's job id.
@@ -107,7 +111,7 @@ def make_submission(
     into the job directory, where submitit does not do it itself). ``code``: the snapshot the
     ranks run; ``record``: the provenance files (``cluster.provenance.record``)."""
     python = node_python(spec, plan)
-    request = make_request(spec, plan, python, preflight_only, code, inherited())
+    request = make_request(spec, plan, python, preflight_only, code, inherited(), dependency)
     script = render(spec, plan, request, source, *([job_id] if job_id else []))
     files: dict[str, str | bytes] = {**job_files(spec, plan, script), **(record or {})}
     if function is not None:
@@ -135,14 +139,26 @@ def submit(
     overrides: list[str] = (),
     code: Snapshot | None = None,
     rerun_of: str = "",
+    after: tuple[list[Parent], str] = ((), "ok"),
 ) -> JobRef:
     """Submit: the code snapshot taken now (or ``code``, a sweep's or the rerun job's), what
-    the job is made of recorded in its directory."""
+    the job is made of recorded in its directory. ``after``: the parents it waits for and the
+    condition (``cluster.dependencies``), checked first."""
     backend = backends.get(spec.cluster)
+    parents, condition = after
+    waiting = checked(list(parents), condition, spec.cluster) if parents else []
+    dependency = ""
+    if waiting and backend.traits.scheduler:
+        if any(p.kind == "sweep" for p in waiting):
+            raise ConfigError("--after", "a sweep as the parent of a job on a scheduler: name its points' jobs")
+        dependency = slurm_dependency(waiting, condition)
     if code is None and not preflight_only:
         code = code_of(spec, function)
     record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec))
-    prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record)
+    if waiting:
+        record[DEPENDENCY] = json.dumps(dependency_record(waiting, condition), indent=1)
+    prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record,
+                               dependency=dependency)  # fmt: skip
     try:
         return JobRef(backend.submit(prepared), backend)
     except ConfigError:  # the backend refused the job: nothing of it stays

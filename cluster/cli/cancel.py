@@ -10,6 +10,9 @@ from cluster.sweeps.directory import Sweep
 def add_arguments(parser) -> None:
     job_arguments(parser)
     parser.add_argument("--grace", type=at_least(0), default=20.0, help="seconds before what is left gets SIGKILL")
+    parser.add_argument(
+        "--with-dependents", action="store_true", help="and the jobs that wait for it (--after), theirs too"
+    )
 
 
 def run(args) -> int:
@@ -18,6 +21,7 @@ def run(args) -> int:
         print(f"cancelled sweep {args.job}: no point starts any more, and the running ones were cancelled")
         return 0
     job = api.Job.attach(args.job, args.log_dir)
-    job.cancel(args.grace, say)
+    for child in job.cancel(args.grace, say, with_dependents=args.with_dependents):
+        print(f"cancelled {child}, which waited for it")
     print(f"cancelled {job.job_id}")
     return 0

@@ -9,6 +9,7 @@ import json
 import sys
 
 from cluster.cli.common import at_least, job_arguments, rank_list, say
+from cluster.dependencies import waiting_reason
 from cluster.jobdir import JobDir
 from cluster.logs.follow import follow
 from cluster.logs.merge import merged, rank_texts
@@ -142,6 +143,8 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
         sys.stdout.flush()
         sys.stdout.buffer.writelines(pieces)
         return
+    if waits := waiting_reason(job_dir):
+        print(f"this job {waits}")
     print(format_report(report))
     if record:
         print(one_line(record))

@@ -6,7 +6,8 @@ import json
 
 from cluster import api
 from cluster.cli.common import say, spec_arguments, steps_json
-from cluster.cli.waiting import add_wait, wait_for
+from cluster.cli.waiting import add_after, add_wait, after_of, wait_for
+from cluster.dependencies import waiting_reason
 from cluster.plan import format_plan
 from cluster.submission import code_of, dry_run, load_spec, make_submission, submit
 
@@ -16,6 +17,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
     parser.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
     add_wait(parser)
+    add_after(parser)
 
 
 def run(args) -> int:
@@ -34,11 +36,13 @@ def run(args) -> int:
         print()
         print(dry_run(spec, plan, args.job), end="")
         return 0
-    job = api.Job(submit(spec, plan, source=args.job, overrides=args.overrides))
+    job = api.Job(submit(spec, plan, source=args.job, overrides=args.overrides, after=after_of(args, spec.log_dir)))
     if args.json:
         print(json.dumps({"job_id": job.job_id, "log_dir": str(job.job_dir)}))
     else:
         print(f"submitted job {job.job_id}: {plan.world_size} rank(s) on {spec.cluster}")
+        if waits := waiting_reason(job.ref.job_dir):
+            print(f"it {waits}")
         print(f"logs: {job.job_dir}")
         print(f"inspect: python -m cluster logs {job.job_dir}")
     return wait_for(job, args.json) if args.wait else 0

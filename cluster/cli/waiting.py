@@ -8,6 +8,7 @@ import sys
 
 from cluster import api
 from cluster.cli.common import say
+from cluster.dependencies import parents_of
 from cluster.logs.follow import follow
 from cluster.logs.text import format_report
 
@@ -19,6 +20,26 @@ def add_wait(parser) -> None:
         help="wait for the end, print the triage, write the job's page; exit 1 if any rank failed, "
         "87 for a deterministic failure (restarts: not restarted)",
     )
+
+
+def add_after(parser) -> None:
+    """--after JOB[,JOB] and its two kinds (cluster.dependencies)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--after", action="append", default=[], metavar="JOB[,JOB]",
+                       help="start once these jobs (ids, job or sweep directories) completed; never, if one failed")  # fmt: skip
+    group.add_argument("--after-any", action="append", default=[], metavar="JOB[,JOB]",
+                       help="start once these jobs ended, whatever their outcome")  # fmt: skip
+    group.add_argument("--after-failed", action="append", default=[], metavar="JOB[,JOB]",
+                       help="start once one of these jobs failed (a clean-up job); never, if none did")  # fmt: skip
+
+
+def after_of(args, log_dir: str) -> tuple[list, str]:
+    """The parsed --after flags: (parents, condition); a job id is looked for under ``log_dir``
+    (the spec's)."""
+    for flag, condition in (("after", "ok"), ("after_any", "any"), ("after_failed", "failed")):
+        if words := getattr(args, flag):
+            return parents_of(words, log_dir), condition
+    return [], "ok"
 
 
 def wait_for(job: api.Job, as_json: bool) -> int:

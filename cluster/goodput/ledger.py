@@ -213,6 +213,8 @@ def ledger_of(
             # (the marker is written again at each launch: it dates the first only if it precedes its records)
             early = first_launch is not None and submitted <= first_launch <= mine[0]["time"]
             launched = first_launch if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
+        if number == 0 and (released := job_dir.dependency().get("released")):
+            launched = max(launched, released)  # --after: waiting for its parents is queue, not start-up
         attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
     resumed_from = None  # an attempt that never started resumed from where the next one did
     for number, a in reversed(list(zip(numbers, attempts))):

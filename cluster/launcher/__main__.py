@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from cluster.dependencies import wait_for
 from cluster.jobdir import JobDir
 from cluster.launcher.containers import ContainerController
 from cluster.launcher.controller import Controller
@@ -36,6 +37,9 @@ def main(argv: list[str]) -> int:
     os.dup2(fd, 2)
     launch = job_dir.launch()
     controller = CONTROLLERS[launch["units"]](launch, job_dir)
+    if not wait_for(job_dir, controller.say, lambda: controller.stopping):  # --after: it never runs
+        return 1
+    controller.restart_clock()  # its time limit runs from its start, as SLURM's does
     try:
         code = controller.run()
     except Exception as exc:  # the engine refused a container (a GPU it cannot give, ...): said, not raised

@@ -169,6 +169,12 @@ class Controller:
     def say(self, text: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {text}", flush=True)
 
+    def restart_clock(self) -> None:
+        """The time limit from now (a job that waited for its dependency starts now)."""
+        before_s = self.deadline - self.signal_at
+        self.deadline = time.monotonic() + self.launch["time_limit_s"]
+        self.signal_at = self.deadline - before_s
+
     def stop(self, signum, frame) -> None:
         self.stopping = f"cancelled ({signal.Signals(signum).name})"
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from cluster import backends
-from cluster.jobdir import ATTEMPTS, JobDir
+from cluster.jobdir import ATTEMPTS, DEPENDENCY, JobDir
 from cluster.logs import stacks
 from cluster.logs.kills import SchedulerKills, scheduler_kill
 from cluster.logs.parallel import collector_paused, forked_map
@@ -113,7 +113,10 @@ def last_stack_of(rank: RankReport) -> Stack | None:
 
 
 def scheduler_says(job_dir: JobDir) -> tuple[str, str]:
-    """(error, file) for a rank with no log of its own, from what the scheduler wrote."""
+    """(error, file) for a rank with no log of its own: a job that never ran for its dependency
+    (--after) says why; else what the scheduler wrote."""
+    if never := job_dir.dependency().get("never_ran"):
+        return f"never ran: {never}", str(job_dir.path / DEPENDENCY)
     for path in job_dir.scheduler_logs():
         scan = scan_log(path)
         if scan["error"] or scan["signal"]:
