@@ -1056,3 +1056,20 @@ def test_a_sweep_is_one_job_array_with_a_table_of_points_and_resume_reruns_the_f
     last = json.loads((sweep_dir / "jobs.jsonl").read_text().splitlines()[-1])
     array, task = Path(last["job_dir"]).name.split("_")
     assert (last["point"], task) == (2, "2") and array != tasks[0][0]
+
+
+def test_a_job_after_a_job_is_slurms_own_dependency_and_a_completed_parent_is_none(tmp_path):
+    """B --after A: SLURM holds B (squeue's %E: afterok on A) until A completed, then runs it; C
+    --after A once A has completed has no dependency at all: it starts at once."""
+    short = [*FIT, "gpus_per_node=2", "train.steps=20", "train.log_every=10"]
+    _, a = submit("jobs/multi_node.yaml", tmp_path, *short, wait=False)
+    _, b = submit("jobs/multi_node.yaml", tmp_path, *short, "--after", a["job_id"], wait=False)
+    held = subprocess.run(["squeue", "-h", "-j", b["job_id"], "-o", "%E"], capture_output=True, text=True).stdout
+    assert held.strip().startswith(f"afterok:{a['job_id']}"), held
+    assert f"#SBATCH --dependency=afterok:{a['job_id']}" in (Path(b["log_dir"]) / "job.sbatch").read_text()
+    assert wait_state(b["job_id"], ("COMPLETED", "FAILED", "CANCELLED", "GONE"), timeout=600) in ("COMPLETED", "GONE")
+    last_of_a = max(r["time"] for r in read_records(Path(a["log_dir"]) / "rank_00000.jsonl"))
+    assert min(r["time"] for r in read_records(Path(b["log_dir"]) / "rank_00000.jsonl")) > last_of_a
+    result, c = submit("jobs/multi_node.yaml", tmp_path, *short, "--after", a["job_id"])
+    assert result.returncode == 0 and "--dependency" not in (Path(c["log_dir"]) / "job.sbatch").read_text()
+    assert not (Path(c["log_dir"]) / "dependency.json").exists()
