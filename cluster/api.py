@@ -156,10 +156,13 @@ def submit_function(
     )
 
 
-def rerun(job: str | Path, *overrides: str, log_dir: str | Path = "runs", **values: Any) -> Job:
+def rerun(
+    job: str | Path, *overrides: str, log_dir: str | Path = "runs", chosen: dict | None = None, **values: Any
+) -> Job:
     """Submit a job again (``cluster rerun``): the same code snapshot, the same resolved spec,
     from the directory it was submitted from (its relative paths mean what they meant), the
-    overrides on top."""
+    overrides on top. ``chosen``: why this job was the one rerun (a sweep's best point:
+    ``cluster.sweeps.best``), kept in its provenance."""
     job_dir = JobDir.find(str(job), log_dir)
     record = job_dir.provenance()
     if record is None:
@@ -176,9 +179,8 @@ def rerun(job: str | Path, *overrides: str, log_dir: str | Path = "runs", **valu
         the_spec, the_plan = load_spec(base, texts)
         if code is None and the_spec.snapshot.enabled:
             code = code_of(the_spec)  # the job ran what was installed or on disk: so does its rerun
-        ref = submit_loaded(
-            the_spec, the_plan, str(spec_file), overrides=texts, code=code, rerun_of=str(job_dir.path.resolve())
-        )
+        ref = submit_loaded(the_spec, the_plan, str(spec_file), overrides=texts, code=code,
+                            rerun_of=str(job_dir.path.resolve()), chosen=chosen)  # fmt: skip
     return Job(ref)
 
 

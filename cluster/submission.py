@@ -140,6 +140,7 @@ def submit(
     code: Snapshot | None = None,
     rerun_of: str = "",
     after: tuple[list[Parent], str] = ((), "ok"),
+    chosen: dict | None = None,
 ) -> JobRef:
     """Submit: the code snapshot taken now (or ``code``, a sweep's or the rerun job's), what
     the job is made of recorded in its directory. ``after``: the parents it waits for and the
@@ -154,7 +155,7 @@ def submit(
         dependency = slurm_dependency(waiting, condition)
     if code is None and not preflight_only:
         code = code_of(spec, function)
-    record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec))
+    record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec), chosen)
     if waiting:
         record[DEPENDENCY] = json.dumps(dependency_record(waiting, condition), indent=1)
     prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record,

@@ -42,6 +42,7 @@ def provenance_files(
     overrides: list[str] = (),
     rerun_of: str = "",
     image: dict | None = None,
+    chosen: dict | None = None,
 ) -> dict[str, str]:
     """The files that record what the job is made of, by name (``image``: the image the ranks
     run in, as its backend tells it: ``Backend.image``)."""
@@ -63,6 +64,8 @@ def provenance_files(
     }
     if rerun_of:
         record["rerun_of"] = rerun_of
+    if chosen:
+        record["chosen"] = chosen  # why this job was the one rerun (a sweep's best point)
     files = {PROVENANCE: orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), PACKAGES: listing}
     if code is not None and code.diff:
         files[CODE_DIFF] = code.diff

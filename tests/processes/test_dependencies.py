@@ -64,3 +64,30 @@ def test_cancel_with_dependents_cancels_the_chain(tmp_path):
         wait_nothing_left(Path(job["log_dir"]))
     for job in (b, c):
         assert json.loads((Path(job["log_dir"]) / "dependency.json").read_text())["state"] == "never ran"
+
+
+def test_a_sweeps_best_point_is_rerun_once_the_sweep_is_over(tmp_path):
+    """`cluster rerun SWEEP:best train.steps=40 --after SWEEP` returns at once; once both points
+    have ended the best one (its test_loss) runs again from its snapshot and resolved spec: its
+    provenance says which and why, and `cluster diff` against that point shows the override alone."""
+    from cluster.api import Job, SweepJob
+
+    fast = ["train.steps=20", "train.log_every=10", "train.eval_every=10", "tasks_per_node=2"]
+    started = run_module("cluster", "sweep", "jobs/local.yaml", *fast, f"log_dir={tmp_path}", "optim.lr=0.02,0.2",
+                         "--max-parallel", "1", "--json")  # fmt: skip
+    sweep = SweepJob.attach(json.loads(started.stdout.splitlines()[0])["sweep_dir"])
+    early = run_module("cluster", "rerun", f"{sweep.path}:best", "train.steps=40")
+    assert early.returncode == 2 and f"--after {sweep.path}" in early.stderr  # not over: say what to add
+    later = run_module("cluster", "rerun", f"{sweep.path}:best", "train.steps=40", "--after", str(sweep.path), "--json")
+    assert later.returncode == 0 and json.loads(later.stdout)["waiting"] == str(sweep.path), later.stderr
+    log = sweep.path / "best-rerun.log"
+    wait_until(lambda: log.exists() and '"job_id"' in log.read_text(), 300, "the best point's rerun")
+    submitted = json.loads(next(line for line in log.read_text().splitlines() if line.startswith("{")))
+    table = sweep.table()
+    assert submitted["chosen"]["point"] == table["best"]["point"] == 1 and submitted["chosen"]["metric"] == "test_loss"
+    rerun = Job.attach(submitted["log_dir"])
+    assert rerun.wait(timeout=300).completed == 2
+    point = table["points"][1]["job_dir"]
+    assert rerun.provenance()["rerun_of"] == str(Path(point).resolve())
+    diff = json.loads(run_module("cluster", "diff", point, submitted["log_dir"], "--json").stdout)
+    assert diff["code"]["same"] is True and diff["spec"] == {"train.steps": [20, 40]}
