@@ -192,6 +192,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
             with steady_state(ctx.device, t.sync_debug and step > start + 1):
                 faults.inject(t, step, env.rank, ctx.device, env.restart)
                 one_step(meter, batches)
+                trainable.after_step(step)  # the strategy's own, after the optimizer (param_avg averages)
             memory = memory or state_bytes(trainable)  # gradients and optimizer state all exist now
             trainable.optimizer.zero_grad(set_to_none=True)
             meter.step_done()

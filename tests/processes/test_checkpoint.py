@@ -13,10 +13,9 @@ from train.protocol import read_records, record_name
 # optimizer groups must not be deduplicated (checkpoint._options): either breaks resume.
 # zero1: each rank's momentum shard is saved beside DCP's files.
 RESUMED = {4: ["ddp", "pipeline"], 2: ["fsdp", "tp", "zero1"]}
-# and saved asynchronously (train.ckpt_async): ddp_bucketed's and ddp_naive's too (single and
-# model_parallel: the unit tier). param_avg is in neither: its resume is not bitwise, synchronous
-# or not (measured: the same 0.078 off after 20 resumed steps both ways).
-ASYNC = {4: ["ddp", "pipeline"], 2: ["fsdp", "tp", "zero1", "ddp_bucketed", "ddp_naive"]}
+# and saved asynchronously (train.ckpt_async), every strategy of more than one process: param_avg's
+# own parameters and ddp_bucketed's buckets too (single and model_parallel: the unit tier)
+ASYNC = {4: ["ddp", "pipeline"], 2: ["fsdp", "tp", "zero1", "param_avg", "ddp_bucketed", "ddp_naive"]}
 
 
 def straight_and_resumed(
