@@ -68,8 +68,8 @@ def start_later(sweep: Sweep, overrides: list[str], metric: str | None, mode: st
     log = sweep.path / LOG
     with log.open("ab") as out:
         subprocess.Popen(
-            [config["python"], "-P", "-m", "cluster.sweeps.best", str(sweep.path.resolve()), "--mode", mode,
-             *(["--metric", metric] if metric else []), "--", *overrides],
+            [config["python"], "-P", "-m", "cluster.sweeps.best", str(sweep.path.resolve()), *overrides, "--mode", mode,
+             *(["--metric", metric] if metric else [])],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=config["cwd"],
             start_new_session=True, env=kit_env(),
         )  # fmt: skip

@@ -96,7 +96,7 @@ def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(
     assert [f["path"] for f in result["code"]["files"]] == ["train/loop.py"]
     hunk = result["code"]["files"][0]
     edited = [line for line in hunk["diff"].splitlines() if line.startswith("+") and "stall watchdog (edited)" in line]
-    assert (hunk["added"], hunk["removed"]) == (1, 1) and edited and 'print(f"stall watchdog (edited)' in edited[0]
+    assert (hunk["added"], hunk["removed"]) == (1, 1) and edited and 'f"stall watchdog (edited): stacks' in edited[0]
     assert result["spec"] == {"optim.lr": [0.1, 0.05]}
     assert result["outcome"]["metrics.test_loss"][0] != result["outcome"]["metrics.test_loss"][1]
     text = run_module("cluster", "diff", str(job_a), str(job_b), cwd=root).stdout
