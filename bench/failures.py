@@ -60,13 +60,16 @@ def step_seconds(log_dir: Path) -> float:
 
 
 def live_ranks(job: JobDir) -> dict[str, list[int]]:
-    """The pids of the ranks alive now, by host: their last start records."""
-    by_host: dict[str, list[int]] = {}
+    """The pids of the ranks alive now, by SLURM node (the minicluster's nodes share one host
+    name): their last start records."""
+    by_node: dict[str, list[int]] = {}
     for rank in range(job.world_size()):
         starts = [r for r in job.records(rank) if r["event"] == "start"]
         if starts and (pid := starts[-1].get("pid")) and os.path.exists(f"/proc/{pid}"):
-            by_host.setdefault(starts[-1]["env"]["host"], []).append(pid)
-    return by_host
+            env = starts[-1]["env"]
+            node = (env.get("launcher_vars") or {}).get("SLURMD_NODENAME") or env["host"]
+            by_node.setdefault(node, []).append(pid)
+    return by_node
 
 
 def fail_at_random(job: JobDir, mtbf_s: float, seed: int, over: threading.Event, kills: list[float]) -> None:

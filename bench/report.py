@@ -23,7 +23,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import torch
 
-from bench import checkpoints, pages, restart_bench, snapshot_cost
+from bench import checkpoints, failures, pages, restart_bench, snapshot_cost
 from bench.gpu import table as gpu_table
 from bench.runs import run_ranks
 from bench.scaling.plot import plot as plot_scaling
@@ -372,6 +372,12 @@ def render_markdown(r: dict) -> str:
             f"TensorBoard's events): **{g['page_s']:.2f} s**, **{g['bytes'] / 2**20:.2f} MB**, {opens} (goals: 3 s "
             "and 2 MB at 1,024 ranks, 15 s and 10 MB at 16,384, under 2 s to open)."
         )
+    if (f := r.get("failures")) and "error" not in f:
+        lines += ["", "## The simulator against random failures (`python -m bench.failures`)", "",
+                  f"A 2-node job with a spare and restarts, {f['steps']:,} steps of {f['step_s'] * 1e3:.1f} ms, its nodes' "
+                  f"ranks killed at exponential times of mean {f['mtbf_s']:g} s ({f['kills']} failures): measured ETTR "
+                  f"**{f['measured_ettr']:.3f}**, predicted from its own costs and the failure rate **{f['predicted_ettr']:.3f}** "
+                  f"({f['error_points']:.1f} points off; goal within 3), the replay of its failure times {f['replayed_ettr']:.3f}.", ""]  # fmt: skip
     if (c := r.get("checkpoints")) and "error" not in c:
         lines += ["", "## Checkpoints: what a save stops the loop for (`python -m bench.checkpoints`)", "",
                   *checkpoints.table(c), "", "Goal: at 1 GB and more, asynchronous blocking <= 10 % of a synchronous save.", ""]  # fmt: skip
@@ -483,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoints": guarded(checkpoint_costs, rounds, args.quick),
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
+        # the simulator against a job whose nodes fail at random: 18 minutes of the minicluster
+        "failures": None if args.quick or not minicluster.is_up() else guarded(failures.run, 15.0, 120.0, 1),
         "gpu": gpu_bench(rounds),
         "scaling": None if args.quick else guarded(scaling_study),
         "snapshots": guarded(snapshot_costs, rounds, args.quick),
