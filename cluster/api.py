@@ -45,7 +45,7 @@ from cluster.sweeps.directory import SWEEP, Sweep, unfinished
 from cluster.sweeps.grid import create as create_sweep
 from cluster.sweeps.grid import launch as launch_points
 from cluster.sweeps.grid import sweep_points
-from cluster.sweeps.table import sweep_table
+from cluster.sweeps.table import ended, sweep_table
 from cluster.system.poll import WaitTimeout, wait_until
 from train.config import build, read_yaml
 from train.errors import ConfigError
@@ -455,8 +455,7 @@ class SweepJob:
                 "runner_alive": table["runner_alive"]}  # fmt: skip
 
     def done(self) -> bool:
-        table = self.table()
-        return not table["runner_alive"] and not any(r["state"] in ("pending", "running") for r in table["points"])
+        return ended(self.table())
 
     def wait(self, timeout: float | None = None, interval: float = 2.0) -> dict:
         wait_until(self.done, math.inf if timeout is None else timeout, f"sweep {self.path}", interval)

@@ -75,12 +75,11 @@ def outcome(parent: Parent) -> tuple[str, str]:
     from cluster.logs.triage import inspect  # here: the triage, for the parents' outcome alone
 
     if parent.kind == "sweep":
-        from cluster.sweeps.table import sweep_table  # as inspect
+        from cluster.sweeps.table import ended, sweep_table  # as inspect
 
         table = sweep_table(Sweep(Path(parent.path)))
-        states = table["states"]
-        if table["runner_alive"] or states.get("running") or states.get("pending") or states.get("queued"):
-            return "running", f"sweep {parent.path}: {states}"
+        if not ended(table):
+            return "running", f"sweep {parent.path}: {table['states']}"
         failed = [r for r in table["points"] if r["state"] != "completed"]
         if failed:
             first = failed[0]

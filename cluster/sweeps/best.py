@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from cluster.sweeps.directory import Sweep
-from cluster.sweeps.table import sweep_table
+from cluster.sweeps.table import ended, sweep_table
 from cluster.system.kit import kit_env
 from cluster.system.poll import wait_until
 from train.errors import ConfigError
@@ -34,10 +34,7 @@ def is_best(text: str) -> bool:
 
 
 def over(sweep: Sweep) -> bool:
-    table = sweep_table(sweep)
-    return not table["runner_alive"] and not any(
-        r["state"] in ("pending", "running", "queued") for r in table["points"]
-    )
+    return ended(sweep_table(sweep))
 
 
 def best_point(sweep: Sweep, metric: str | None = None, mode: str = "min") -> tuple[str, dict]:

@@ -100,6 +100,12 @@ def sweep_table(sweep: Sweep, metric: str | None = None, mode: str = "min") -> d
             "best": best and {"point": best["point"], "overrides": best["overrides"], metric: best["metrics"][metric]}}  # fmt: skip
 
 
+def ended(table: dict) -> bool:
+    """No point will start or run any more: the runner has stopped (a queued point waits on it)
+    and no point is pending or running."""
+    return not table["runner_alive"] and not any(r["state"] in ("pending", "running") for r in table["points"])
+
+
 def format_sweep(table: dict) -> str:
     rows = table["points"]
     names = sorted(
