@@ -99,8 +99,7 @@ def shown_ranks(report: Report) -> list[int]:
     return sorted(chosen)
 
 
-def rank_rows(report: Report, job: JobDir, page_dir: Path) -> list[dict]:
-    names = job.names()
+def rank_rows(report: Report, job: JobDir, names: set[str], page_dir: Path) -> list[dict]:
     culprits = set(report.hang["culprits"]) if report.hang else set()
     first = report.first_failure["rank"] if report.first_failure else None
     rows = []
@@ -124,9 +123,8 @@ def rank_rows(report: Report, job: JobDir, page_dir: Path) -> list[dict]:
     return rows
 
 
-def all_logs(job: JobDir, world: int, page_dir: Path) -> list[tuple[int, str]]:
+def all_logs(job: JobDir, names: set[str], world: int, page_dir: Path) -> list[tuple[int, str]]:
     """(rank, its last log's link) of every rank: the table of a large job shows some of them."""
-    names = job.names()
     prefix = os.path.relpath(job.path, page_dir)
     return [(rank, os.path.join(prefix, os.path.basename(files[-1])))
             for rank in range(world) if (files := job.rank_log_files(rank, names))]  # fmt: skip
@@ -202,28 +200,29 @@ def log_view(job: JobDir, world: int) -> dict:
     return {"lines": lines, "folded": folded, "skipped": skipped, "half": LOG_LINES // 2, "limit": limit}
 
 
-def series_of(job: JobDir, report: Report) -> dict[int, Series]:
+def series_of(job: JobDir, names: set[str], report: Report) -> dict[int, Series]:
     """Every rank's series where the job has up to ``WHOLE_UP_TO`` ranks; rank 0's above."""
     program = is_program(job)
-    names = job.names()
     ranks = range(report.world_size) if report.world_size <= WHOLE_UP_TO else [0]
     return {rank: series for rank in ranks if (series := rank_series(job, rank, program, names))}
 
 
 @dataclass
 class Reading:
-    """One reading of a job, for every view of it: the triage (with step times), the goodput
-    ledger, the metric series."""
+    """One reading of a job, for every view of it: the directory's listing (for the rank table,
+    the links and the series alike: a job of 16,384 ranks holds tens of thousands of files), the
+    triage (with step times), the goodput ledger, the metric series."""
 
     job: JobDir
+    names: set[str]
     report: Report
     ledger: object
     series: dict[int, Series]
 
     @classmethod
     def of(cls, job: JobDir, running: bool | None = None) -> Reading:
-        report = inspect(job, running=running, step_times=True)
-        return cls(job, report, ledger_of(job, running=bool(report.running)), series_of(job, report))
+        report, names = inspect(job, running=running, step_times=True), job.names()
+        return cls(job, names, report, ledger_of(job, running=bool(report.running)), series_of(job, names, report))
 
     def program_series(self) -> Series | None:
         """Rank 0's series of a program (None for the built-in trainer: it writes its own events)."""
@@ -232,7 +231,7 @@ class Reading:
 
 def job_view(reading: Reading, page: Path) -> dict:
     """Everything the page shows, with its pictures as SVG text."""
-    job, report, ledger, series = reading.job, reading.report, reading.ledger, reading.series
+    job, names, report, ledger, series = reading.job, reading.names, reading.report, reading.ledger, reading.series
     plan = job.plan() or {}
     kind, line = verdict(report)
     record = job.provenance()
@@ -257,8 +256,8 @@ def job_view(reading: Reading, page: Path) -> dict:
             "completed": report.completed,
         },
         "failure": failure_view(report, page.parent),
-        "ranks": rank_rows(report, job, page.parent),
-        "all_logs": all_logs(job, report.world_size, page.parent) if report.world_size > TABLE_ROWS else [],
+        "ranks": rank_rows(report, job, names, page.parent),
+        "all_logs": all_logs(job, names, report.world_size, page.parent) if report.world_size > TABLE_ROWS else [],
         "stragglers": compress(report.stragglers) if report.stragglers else "",
         "unwritten": [(r.rank, r.checkpoint_error) for r in report.ranks if r.checkpoint_error][:8],
         "metrics_svg": charts.svg(metrics_fig, "metrics"), "metric_lines": sum(len(v) for v in drawn.values()),
