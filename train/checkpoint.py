@@ -74,15 +74,26 @@ def save(
 def begin(ckpt_dir: Path, step: int, unwritable_at: int | None = None) -> Path:
     """The save's temporary directory, made anew by rank 0 (a save killed before left one);
     ``unwritable_at``: ``train.unwritable_ckpt_at_step`` (``train.faults``)."""
-    tmp = ckpt_dir / (step_name(step) + ".tmp")
+    tmp = temporary(ckpt_dir, step)
     if _rank() == 0:
-        if tmp.is_file():
-            tmp.unlink()
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         tmp.mkdir(parents=True)
         unwritable_checkpoint(tmp, step, unwritable_at)
     _barrier()
     return tmp
+
+
+def temporary(ckpt_dir: Path, step: int) -> Path:
+    """Where the save of ``step`` is written before it is renamed into place."""
+    return ckpt_dir / (step_name(step) + ".tmp")
+
+
+def _remove(path: Path) -> None:
+    """A save's leftover: a directory, or the file ``train.unwritable_ckpt_at_step`` made."""
+    if path.is_file():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def extras(step: int, trainable: Trainable, scaler, layout: dict | None, copy: bool = False) -> dict:
@@ -119,8 +130,7 @@ def _to_host(value):
 def publish(ckpt_dir: Path, step: int) -> Path:
     """Once every rank's part is on disk: the directory renamed into place, then ``latest``
     replaced (a temporary file and a rename), by rank 0; the others wait for it."""
-    final = ckpt_dir / step_name(step)
-    tmp = ckpt_dir / (step_name(step) + ".tmp")
+    final, tmp = ckpt_dir / step_name(step), temporary(ckpt_dir, step)
     _barrier()  # every shard is on disk before the directory becomes visible
     if _rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -206,10 +216,9 @@ class AsyncSaver:
         if ok_everywhere(error is None):
             publish(self.dir, step)
             return Written(step, write_s)
+        where = temporary(self.dir, step)
         if _rank() == 0:
-            debris = self.dir / (step_name(step) + ".tmp")
-            debris.unlink() if debris.is_file() else shutil.rmtree(debris, ignore_errors=True)
-        where = self.dir / (step_name(step) + ".tmp")
+            _remove(where)
         return Written(step, write_s, f"{error or 'another rank could not write its part'}, writing {where}")
 
     def close(self) -> None:
