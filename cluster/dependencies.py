@@ -50,9 +50,6 @@ class Parent:
     def from_json(cls, data: dict) -> Parent:
         return cls(data["path"], data["kind"], data.get("job_id", ""), data.get("backend", ""))
 
-    def label(self) -> str:
-        return self.path
-
 
 def parents_of(texts: list[str], log_dir: str | Path) -> list[Parent]:
     """Each ``--after`` word (a job id, a job directory, a sweep's directory) as a parent; one
@@ -116,14 +113,14 @@ def checked(parents: list[Parent], condition: str, cluster: str) -> list[Parent]
     for parent in parents:
         same = parent.backend == cluster or {parent.backend, cluster} <= {"slurm", "submitit"}  # submitit's are SLURM's
         if parent.backend and not same:
-            raise ConfigError("--after", f"{parent.label()} ran on cluster={parent.backend}, this job on "
+            raise ConfigError("--after", f"{parent.path} ran on cluster={parent.backend}, this job on "
                               f"cluster={cluster}: a dependency is one scheduler's, on one backend")  # fmt: skip
     found = [(parent, *outcome(parent)) for parent in parents]
     decision = released(condition, [state for _, state, _ in found])
     if decision is False:
         parent, state, why = next((f for f in found if f[1] == "failed"), found[-1])
         hint = " (--after-any runs it anyway, --after-failed only then)" if condition == "ok" else ""
-        raise ConfigError("--after", f"{parent.label()} {'already failed' if state == 'failed' else 'completed'} "
+        raise ConfigError("--after", f"{parent.path} {'already failed' if state == 'failed' else 'completed'} "
                           f"({why}): this job would never run{hint}")  # fmt: skip
     return [] if decision else [parent for parent, state, _ in found if state == "running"]
 
@@ -146,7 +143,7 @@ def wait_for(job: JobDir, say: Callable[[str], None], stopping: Callable[[], str
     if not data or data.get("state") != "waiting":
         return True
     parents = [Parent.from_json(p) for p in data["parents"]]
-    say(f"waiting for {', '.join(p.label() for p in parents)} ({data['condition']})")
+    say(f"waiting for {', '.join(p.path for p in parents)} ({data['condition']})")
     while True:
         if why := stopping():
             update(job, state="never ran", never_ran=f"{why} while waiting for its dependency", decided=time.time())
@@ -161,7 +158,7 @@ def wait_for(job: JobDir, say: Callable[[str], None], stopping: Callable[[], str
         say("dependency satisfied: the job starts")
         return True
     culprit = next(((p, why) for p, (state, why) in zip(parents, found) if state != "ok"), (parents[0], found[0][1]))
-    never = f"dependency {culprit[0].label()} {'failed' if data['condition'] == 'ok' else 'ended'}: {culprit[1]}"
+    never = f"dependency {culprit[0].path} {'failed' if data['condition'] == 'ok' else 'ended'}: {culprit[1]}"
     update(job, state="never ran", never_ran=never, decided=time.time())
     say(f"never ran: {never}")
     return False
