@@ -8,7 +8,6 @@ file's last few kilobytes (``last_values``)."""
 
 from __future__ import annotations
 
-import math
 import os
 
 from cluster.jobdir import JobDir
@@ -128,7 +127,3 @@ def program_values(job: JobDir, rank: int = 0) -> dict[str, float]:
         return last_values(job.file(metrics_name(rank)))
     logs = job.rank_log_files(rank, names)
     return log_values(logs[-1]) if logs else {}
-
-
-def finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
