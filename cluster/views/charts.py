@@ -312,6 +312,11 @@ def swept(table: dict) -> list[str]:
     return list(dict.fromkeys(o.partition("=")[0] for r in table["points"] for o in r["overrides"]))
 
 
+def params(row: dict) -> dict[str, str]:
+    """A sweep point's overrides as {key: value text}."""
+    return dict(o.partition("=")[::2] for o in row["overrides"])
+
+
 def sweep_figure(table: dict):
     """The metric against each swept parameter, one panel per parameter, the best point ringed."""
     metric = table["metric"]
@@ -321,7 +326,7 @@ def sweep_figure(table: dict):
     axes = fig.subplots(1, max(1, len(keys)), squeeze=False)[0]
     best = (table.get("best") or {}).get("point")
     for ax, key in zip(axes, keys):
-        xs = [dict(o.partition("=")[::2] for o in r["overrides"]).get(key, "-") for r in rows]
+        xs = [params(r).get(key, "-") for r in rows]
         ys = [r["metrics"][metric] for r in rows]
         ax.scatter(xs, ys)
         for x, y, r in zip(xs, ys, rows):

@@ -60,7 +60,7 @@ def publish_sweep(sweep: Sweep, out: Path | None, metric: str | None, mode: str)
     keys = charts.swept(table)
     rows, curves, loss = [], {}, None
     for row in table["points"]:
-        params = dict(o.partition("=")[::2] for o in row["overrides"])
+        params = charts.params(row)
         link = None
         if row["job_dir"] and JobDir(row["job_dir"]).plan():
             job = JobDir(row["job_dir"])
