@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -70,7 +71,7 @@ class Folder:
     def __init__(self, ranks: Iterable[int], wait_s: float = WAIT_S, clock=time.monotonic):
         self.ranks = {rank: RankLines() for rank in ranks}
         self.wait_s, self.clock = wait_s, clock
-        self.queue: list[Group] = []  # in the order lines came
+        self.queue: deque[Group] = deque()  # in the order lines came
         self.waiting: dict[object, Group] = {}  # foldable groups not yet out, by key
         self.errors: dict[str, bool] = {}  # a line's body -> whether it is an error's: thousands of ranks print alike
 
@@ -117,7 +118,8 @@ class Folder:
         """Whether a waiting line may go out now."""
         if group.error or len(group.ranks) == len(self.ranks):
             return True
-        missing = [s for r, s in self.ranks.items() if r not in group.ranks]
+        have = set(group.ranks)
+        missing = [s for r, s in self.ranks.items() if r not in have]
         if now - group.seen_at >= (SILENT_WAIT_S if any(s.lines == 0 for s in missing) else self.wait_s):
             return True
         return group.stamp is not None and all(
@@ -128,7 +130,7 @@ class Folder:
         """The lines that may go out now, oldest first (``over``: all of them)."""
         now = self.clock()
         while self.queue and (over or self.done(self.queue[0], now)):
-            group = self.queue.pop(0)
+            group = self.queue.popleft()
             if group.key is not None:
                 self.waiting.pop(group.key, None)
             yield group
