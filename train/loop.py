@@ -494,12 +494,8 @@ def state_is_finite(progress: LossMeter, trainable: Trainable, distributed: bool
 
 
 def on_every_rank(flag: bool, distributed: bool, device: torch.device) -> bool:
-    """True on every rank when ``flag`` is true on all of them."""
-    if not distributed:
-        return flag
-    agreed = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
-    return bool(agreed.item())
+    """True on every rank when ``flag`` is true on all of them (false on none)."""
+    return not on_any_rank(not flag, distributed, device)
 
 
 def on_any_rank(flag: bool, distributed: bool, device: torch.device) -> bool:
