@@ -4,7 +4,8 @@ All of it is ``faulthandler``, which writes from C straight to file descriptor 2
 log, see ``train.output.redirect_to``): it works while the stuck thread holds the GIL in C
 code, where no Python-level thread or signal handler would run.
 
-- SIGTERM (srun's teardown after a peer died, a cancel): dump, then terminate as before.
+- SIGTERM (srun's teardown after a peer died, a cancel): dump, then terminate as before, or
+  run the program's own handler (:func:`dumps_kept`).
 - ``DUMP_SIGNAL`` (``python -m cluster stacks``): dump and carry on. SIGURG is ignored by
   default, so a snapshot taken before a rank registered it cannot kill that rank, and it is
   neither SLURM's preemption signal here (USR1) nor submitit's (USR2).
@@ -24,6 +25,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from train.protocol import DUMP_SIGNAL, FLIGHT_RECORDER_PREFIX
@@ -31,8 +33,26 @@ from train.protocol import DUMP_SIGNAL, FLIGHT_RECORDER_PREFIX
 
 def install_dumps() -> None:
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
-    faulthandler.register(signal.SIGTERM, file=sys.__stderr__, all_threads=True, chain=True)
+    dump_on_sigterm()
     faulthandler.register(DUMP_SIGNAL, file=sys.__stderr__, all_threads=True, chain=False)
+
+
+def dump_on_sigterm() -> None:
+    faulthandler.register(signal.SIGTERM, file=sys.__stderr__, all_threads=True, chain=True)
+
+
+def dumps_kept(install: Callable, handler):
+    """``install(SIGTERM, handler)`` (the interpreter's ``signal.signal``) with the SIGTERM dump
+    kept in front of the handler, what ``install`` returns returned. Python's ``signal.signal``
+    replaces faulthandler's handler below it, so a program's own SIGTERM handler (Lightning's
+    Trainer installs one) took the stacks away, where they matter most: a rank waiting in C (a
+    collective) runs no Python handler before the SIGKILL. faulthandler chains to the handler it
+    found when it registered, so it leaves first and registers again on top."""
+    faulthandler.unregister(signal.SIGTERM)
+    try:
+        return install(signal.SIGTERM, handler)
+    finally:
+        dump_on_sigterm()
 
 
 def collective_checks(debug_collectives: bool, backend: str, run_dir: str) -> None:

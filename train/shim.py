@@ -6,7 +6,8 @@ of it (it runs unchanged):
   MASTER_ADDR, MASTER_PORT) from whichever launcher started the rank (``train.dist_env``);
 - every output line timestamped, in the rank's log (``--rank-log``: the shim opens it, for
   torchrun's workers; otherwise srun or the local launcher already point the output there);
-- every thread's stack in that log on SIGTERM, fatal signals and ``cluster stacks``;
+- every thread's stack in that log on SIGTERM (before the program's own handler, where it has
+  one), fatal signals and ``cluster stacks``;
 - progress from the optimizer's steps (torch's global optimizer-step hook): step records with
   step times, and the stall watchdog, armed at the first step; before it, the start-up limit
   (``--startup-timeout-s``) stops a rank that never gets to a first step, stacks in its log;
@@ -53,7 +54,7 @@ from pathlib import Path
 
 from train import functions
 from train.dist_env import cpu_threads, from_environ, torchrun_environ
-from train.hangs import StallWatchdog, install_dumps, startup_limit
+from train.hangs import StallWatchdog, dumps_kept, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
 from train.protocol import (
     DUMP_SIGNAL,
@@ -242,8 +243,8 @@ class ProgramSignals:
         def set_handler(signalnum, handler):
             if signalnum == time_limit and handler == signal.SIG_DFL:
                 handler = self.came  # no handler of the program's: the signal still never kills the rank
-            elif signalnum == signal.SIGTERM and callable(handler):
-                handler = noting(handler)
+            elif signalnum == signal.SIGTERM:
+                return shown(dumps_kept(install, noting(handler) if callable(handler) else handler))
             return shown(install(signalnum, handler))
 
         signal.signal, signal.getsignal = set_handler, getsignal

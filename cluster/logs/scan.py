@@ -183,7 +183,8 @@ def search(buf, out: dict, after: float | None) -> None:
     if dump and (last := stack_in(buf)) is not None:
         if last.kind == "stall":
             out["stalled"] = last.header
-        out["dump_frames"] = [f'File "{f.file}", line {f.line} in {f.func}' for f in last.frames]
+        # as a traceback's: the program's own frames, outermost first (readers show the last)
+        out["dump_frames"] = [f'File "{f.file}", line {f.line} in {f.func}' for f in reversed(last.frames) if f.project]
     window = max(0, len(buf) - 65536)  # no exception: look for signs of a signal near the end
     for word in SIGNAL_WORDS:
         at = buf.rfind(word, window)

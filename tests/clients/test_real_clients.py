@@ -96,15 +96,17 @@ def jobs(tmp_path_factory):
         return "sweep", (done.returncode, sweep_dir, table)
 
     def lightning_stopped():
-        """Lightning's Trainer, cancelled (SIGTERM, as at a time limit) once both ranks train."""
-        args = ["--steps", "100000", "--step-s", "0.1", "--output-dir", str(root / "lightning-stopped")]
+        """Lightning's Trainer, cancelled (SIGTERM, as at a time limit) once both ranks have
+        trained 10 steps and wait for it outside any collective (``--hold-at``: Lightning's own
+        handler runs one, and deadlocks with a peer that the signal found inside one)."""
+        args = ["--steps", "100000", "--hold-at", "10", "--output-dir", str(root / "lightning-stopped")]
         result, info = submit("jobs/local.yaml", root / "stopped", *BASE, *client_job("lightning_train.py", "per_task", args),
                               wait=False)  # fmt: skip
         assert info is not None, result.stdout + result.stderr
         job_dir = Path(info["log_dir"])
         try:
             for rank in (0, 1):
-                wait_for_step(job_dir, rank, 10, timeout=300)
+                wait_for_line(job_dir / f"rank_{rank:05d}.log", f"rank {rank}: holding at step 10", timeout=300)
         finally:
             cancel(job_dir)
         return "stopped", (None, job_dir, logs_json(job_dir)[1])
@@ -146,9 +148,14 @@ def test_lightning_trains_where_it_finds_torchruns_ranks(jobs, launcher):
 def test_lightning_stopped_by_sigterm_is_named_so_not_completed(jobs):
     """Lightning's Trainer stops on SIGTERM (a cancel here; SLURM's at the time limit) and exits
     0: the shim notes that SIGTERM came, and ``cluster logs`` says what ended the ranks (it said
-    "completed", as of a job that had finished)."""
+    "completed", as of a job that had finished). Every rank's stacks are in its log before
+    Lightning's handler runs (Python's installing of that handler had taken faulthandler's away)."""
     _, job_dir, report = jobs["stopped"]
-    assert "Received SIGTERM" in (job_dir / "rank_00000.log").read_text()
+    holding = line_of("lightning_train.py", "time.sleep(0.05)")
+    for rank in (0, 1):
+        log = (job_dir / f"rank_{rank:05d}.log").read_text()
+        dumped = log.find(f'lightning_train.py", line {holding} in on_train_batch_end')
+        assert -1 < dumped < log.find(f"[rank: {rank}] Received SIGTERM"), log[-3000:]
     for rank in report["ranks"]:
         assert rank["state"] == "killed" and rank["last_step"] >= 10, rank
         assert (

@@ -106,7 +106,7 @@ def test_a_watchdog_dump_after_a_snapshot_makes_the_rank_stalled(tmp_path):
 
     scan = scan_log(log(tmp_path / "r.log", dump(HUNG), dump(HUNG, "Timeout (0:00:25)!")))
     assert scan["stalled"] == "Timeout (0:00:25)!" and scan["error"] is None
-    assert scan["dump_frames"][0] == 'File "/kit/train/faults.py", line 24 in hang_here'
+    assert scan["dump_frames"][-1] == 'File "/kit/train/faults.py", line 24 in hang_here'  # innermost last
     assert scan_log(log(tmp_path / "s.log", dump(HUNG)))["stalled"] is None  # a snapshot alone
 
 

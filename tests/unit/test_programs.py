@@ -4,6 +4,8 @@ of jobs/train_cnn.py (a script written for torchrun that knows nothing of the ki
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,36 @@ def test_a_sigterm_the_programs_own_handler_took_is_noted_and_the_handler_is_the
     wait_until(lambda: got, 30, "the program's SIGTERM handler")
     assert got == [signal.SIGTERM] and kept.terminated
     assert signal.signal(signal.SIGTERM, signal.SIG_DFL) is mine
+
+
+STACKS_THEN_HANDLER = """
+import os, signal, sys, time
+from train.hangs import install_dumps
+from train.shim import ProgramSignals
+install_dumps()
+ProgramSignals(None)
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(print("the program's handler", flush=True)))
+os.kill(os.getpid(), signal.SIGTERM)
+while not got:
+    time.sleep(0.01)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as Lightning's teardown puts it back
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(60)
+"""
+
+
+def test_sigterm_dumps_every_stack_before_the_programs_own_handler_and_after_it_is_gone():
+    """Python's ``signal.signal`` replaces faulthandler's handler below it: a program with its own
+    SIGTERM handler (Lightning's Trainer) left no stacks in the log, and a rank stuck in a
+    collective, which runs no Python handler, left nothing at all before its SIGKILL."""
+    result = subprocess.run([sys.executable, "-c", STACKS_THEN_HANDLER], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == -signal.SIGTERM, result.stderr
+    assert result.stdout == "the program's handler\n"
+    assert result.stderr.count("(most recent call first):") == 2, result.stderr
+    assert result.stderr.count('File "<string>", line 9 in <module>') == 1  # at the first kill, the handler's after
+    assert result.stderr.count('File "<string>", line 13 in <module>') == 1, result.stderr
 
 
 def test_per_task_ranks_run_the_shim_around_the_program():

@@ -1,7 +1,7 @@
 """PyTorch Lightning's ``Trainer`` as its docs write a multi-node script: a LightningModule,
 ``Trainer(accelerator="cpu", strategy="ddp", devices=..., num_nodes=...)``, run by
 ``torchrun --nproc-per-node=2 lightning_train.py [--steps N] [--num-nodes N] [--step-s S]
-[--crash-at S --crash-rank R] [--hang-at S --hang-rank R]``. Nothing of the kit in it: on
+[--crash-at S --crash-rank R] [--hang-at S --hang-rank R] [--hold-at S]``. Nothing of the kit in it: on
 SLURM without torchrun (``srun python lightning_train.py``) Lightning itself saves an HPC
 checkpoint at SIGUSR1, requeues the job and resumes from it. It prints its progress bar (rich's)
 on rank 0 and its own rank banner on each."""
@@ -32,6 +32,14 @@ class Regression(L.LightningModule):
             raise RuntimeError(f"lightning_train: crash at step {step} on rank {rank}")
         if step == self.args.hang_at and rank == self.args.hang_rank:
             time.sleep(3600)  # the hang: the line cluster logs must name
+        if step == self.args.hold_at:
+            # Every rank waits here, in no collective, for SIGTERM. Lightning's SIGTERM handler
+            # runs a collective (a broadcast): one that comes while a peer waits in the step's
+            # collective (where its own handler cannot run) holds both ranks until SIGKILL.
+            print(f"rank {rank}: holding at step {step} until SIGTERM", flush=True)
+            deadline = time.monotonic() + 600
+            while not self.trainer.received_sigterm and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05)
@@ -43,7 +51,7 @@ def main() -> None:
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--step-s", type=float, default=0.0, help="seconds each step sleeps (a longer step)")
     parser.add_argument("--output-dir", default="lightning_out")
-    for name in ("crash-at", "crash-rank", "hang-at", "hang-rank"):
+    for name in ("crash-at", "crash-rank", "hang-at", "hang-rank", "hold-at"):
         parser.add_argument(f"--{name}", type=int, default=-1)
     args = parser.parse_args()
     L.seed_everything(0)
