@@ -3,8 +3,10 @@
 
 - **Recovery**: from a failure to the next attempt's first training step, 2 nodes x 2 ranks.
   In the allocation (``restarts=1 spare_nodes=1``: the ranks of the second node are killed
-  and the kit starts a new step on the spare) against a requeue (``requeue=true``:
-  ``scontrol requeue`` at the same step; the job waits for the scheduler to start it again).
+  and the kit starts a new step on the spare), warm (the ranks of the restart forked from each
+  node's standby, ``train.standby``) and cold (``warm_restarts=false``), against a requeue
+  (``requeue=true``: ``scontrol requeue`` at the same step; the job waits for the scheduler
+  to start it again); and the restart's start-up against the first attempt's, warm and cold.
 - **Start-up**: a restart pays the job's start-up again. From submission to every rank's
   first training step, the built-in trainer and a user's torchrun script through the shim
   (``jobs/cnn.yaml``), against a minimal probe on the same nodes: an sbatch script whose srun'd
@@ -94,8 +96,8 @@ def ended(job_id: str) -> bool:
     return not out.stdout.strip()
 
 
-def in_allocation(tmp: Path) -> tuple[float, Path]:
-    job_dir = submit(tmp, *RUN, "restarts=1", "spare_nodes=1")
+def in_allocation(tmp: Path, warm: bool = True) -> tuple[float, Path]:
+    job_dir = submit(tmp, *RUN, "restarts=1", "spare_nodes=1", f"warm_restarts={str(warm).lower()}")
     try:
         for rank in (2, 3):
             os.kill(wait_until(lambda r=rank: reached(job_dir, r, FAIL_AT), 300, "step 60", 0.2)["pid"], signal.SIGKILL)
@@ -224,13 +226,22 @@ def user_start(tmp: Path, tasks: int) -> tuple[float, Path]:
 
 
 # The goodput table's runs: (its row, the figure the contender reports)
-GOODPUT_RUNS = {"uninterrupted": "uninterrupted_ettr", "a node lost, restarted on the spare": "in_allocation_s",
+GOODPUT_RUNS = {"uninterrupted": "uninterrupted_ettr", "a node lost, restarted warm on the spare": "in_allocation_s",
+                "the same, restarted cold (`warm_restarts=false`)": "in_allocation_cold_s",
                 "requeued instead (no restarts)": "requeue_s", "a hang, ended by the watchdog": "hang_ettr"}  # fmt: skip
 
 
 # What a restart costs and where the job's time goes: (figure, job directory) each
-RESTART_RUNS = {"in_allocation_s": in_allocation, "requeue_s": requeued, "uninterrupted_ettr": uninterrupted,
-                "hang_ettr": hung}  # fmt: skip
+RESTART_RUNS = {"in_allocation_s": in_allocation, "in_allocation_cold_s": lambda tmp: in_allocation(tmp, warm=False),
+                "requeue_s": requeued, "uninterrupted_ettr": uninterrupted, "hang_ettr": hung}  # fmt: skip
+
+
+def startups(job_dir: Path) -> tuple[float, float]:
+    """(the first attempt's start-up, the restart's), from the job's ledger."""
+    first, second = ledger(job_dir)["attempts"][:2]
+    return first["start-up"], second["start-up"]
+
+
 # The start-up contenders, each given its directory and the tasks per node
 STARTUP_RUNS = {
     "probe_s": probe,
@@ -249,6 +260,7 @@ def measure(rounds: int, plot: Path | None = None, startup_only: bool = False,
     seen: dict[str, list[float]] = {k: [] for k in contenders}
     jobs: dict[str, Path] = {}  # the last round's
     launched = {k: [] for k in STARTUP_RUNS}  # the start-ups from the batch script's start
+    restarted = {} if startup_only else {"in_allocation_s": [], "in_allocation_cold_s": []}  # (attempt 0's, 1's)
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(rounds):
             for name, run in contenders.items():
@@ -261,6 +273,8 @@ def measure(rounds: int, plot: Path | None = None, startup_only: bool = False,
                 seen[name].append(figure)
                 if name in launched:
                     launched[name].append(from_launch(jobs[name]))
+                if name in restarted:
+                    restarted[name].append(startups(jobs[name]))
                 say(f"round {i + 1}/{rounds}: {name} {seen[name][-1]:.2f}")
         ledgers = {} if startup_only else {row: ledger(jobs[name]) for row, name in GOODPUT_RUNS.items()}
         phases = {name: startup_phases(jobs[name]) for name in ("kit_s", "user_s")}
@@ -268,6 +282,9 @@ def measure(rounds: int, plot: Path | None = None, startup_only: bool = False,
             subprocess.run([sys.executable, "-m", "cluster", "logs", str(jobs["in_allocation_s"]), "--goodput",
                             "--plot", str(plot)], capture_output=True, check=False)  # fmt: skip
     seen |= {f"{k}_from_launch": v for k, v in launched.items()}
+    for name, pairs in restarted.items():  # the restart's start-up against the first attempt's
+        seen[f"{name}_startup_0"], seen[f"{name}_startup_1"] = [a for a, _ in pairs], [b for _, b in pairs]
+        seen[f"{name}_startup_ratio"] = [b / a for a, b in pairs]
     result = {k: statistics.median(v) for k, v in seen.items()}
     ratios = {f"{kit}{since}_vs_{base}": result[f"{kit}_s{since}"] / result[f"{base}_s{since}"]
               for kit in ("kit", "user") for base in ("probe", "probe_optimizer") for since in ("", "_from_launch")}  # fmt: skip
@@ -302,8 +319,15 @@ def markdown(r: dict) -> list[str]:
     return [
         f"- Recovery, from the failure to the next attempt's first step (2 nodes x 2 ranks, median of {r['rounds']}):",
         f"  in the allocation (`restarts=1 spare_nodes=1`, the second node's ranks killed) **{r['in_allocation_s']:.1f} s**"
-        f" ({every('in_allocation_s')}; goal <= 60 s); a requeue (`scontrol requeue` at the same step) **{r['requeue_s']:.1f} s**"
+        f" ({every('in_allocation_s')}; goal <= 60 s), {r['in_allocation_cold_s']:.1f} s ({every('in_allocation_cold_s')})"
+        f" with `warm_restarts=false`; a requeue (`scontrol requeue` at the same step) **{r['requeue_s']:.1f} s**"
         f" ({every('requeue_s')}).",
+        f"- Warm restarts (`train.standby`): the restarted attempt's start-up (its launch to rank 0's first step, the"
+        f" ledger's) against the first attempt's, same job: warm **{r['in_allocation_s_startup_1']:.1f} s vs"
+        f" {r['in_allocation_s_startup_0']:.1f} s, ratio {r['in_allocation_s_startup_ratio']:.2f}**"
+        f" ({every('in_allocation_s_startup_ratio')}; goal <= 0.5); cold {r['in_allocation_cold_s_startup_1']:.1f} s vs"
+        f" {r['in_allocation_cold_s_startup_0']:.1f} s, ratio {r['in_allocation_cold_s_startup_ratio']:.2f}"
+        f" ({every('in_allocation_cold_s_startup_ratio')}).",
         *startup,
         "",
         "Goodput (`cluster logs --goodput`, the last round): 2 nodes x 2 ranks, 400 steps, `ckpt_every=50`, the failure"

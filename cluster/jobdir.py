@@ -88,6 +88,7 @@ PACKAGES = "packages.txt"  # the submitter's installed packages, name==version
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
 DEPENDENCY = "dependency.json"  # --after: the jobs it waits for, then whether it was released (cluster.dependencies)
 GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
+STANDBY_LOG = "standby_%n.log"  # spec.warm_restarts: each node's standby (train.standby), %n its node in the allocation
 # The per-task logs of a step, by kind: srun's --output pattern (%5t is the task id zero-padded
 # to 5, as log_name() writes it; ATTEMPT_SUFFIX is set by the rendered script from
 # SLURM_RESTART_COUNT or the restart loop's attempt) and the same name for one task.

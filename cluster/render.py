@@ -8,7 +8,7 @@ quoted (#SBATCH lines).
 
 from __future__ import annotations
 
-from cluster.jobdir import ATTEMPTS, GUARD_LOG, PLAN, TRAIN_CONFIG, job_root, srun_output
+from cluster.jobdir import ATTEMPTS, GUARD_LOG, PLAN, STANDBY_LOG, TRAIN_CONFIG, job_root, srun_output
 from cluster.plan import Plan
 from cluster.request import Request, job_files
 from cluster.spec import JobSpec
@@ -120,7 +120,23 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
             f'srun --overlap --no-kill --nodes=1 --ntasks=1 --nodelist="$GUARD_NODE" "--output=$JOB_DIR/{GUARD_LOG}" \\',
             f'  {helper} guard "$JOB_DIR" --batch-node "$SLURMD_NODENAME" 2>>"$JOB_DIR/{GUARD_LOG}" &',
         ]
+    if request.standby:
+        lines += [
+            "# Warm restarts: a standby on every node of the allocation (the spares too) imports what a rank",
+            "# imports while the job runs; the ranks of the attempts after the first start from it, forked,",
+            "# their imports done (train.standby). Where none listens yet, a rank starts as it would without.",
+            'srun --overlap --no-kill "--nodes=$SLURM_JOB_NUM_NODES" "--ntasks=$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \\',
+            f"  --cpus-per-task={plan.tasks_per_node * spec.cpus_per_task}{node_gpus(plan)} "
+            f'"--output=$JOB_DIR/{STANDBY_LOG}" \\',
+            "  " + " ".join(shell_word(w) for w in request.standby) + " &",
+        ]
     return lines
+
+
+def node_gpus(plan: Plan) -> str:
+    """The standby's step holds the node's GPUs, as its one task: where SLURM confines a step's
+    processes to its devices, a rank forked from it sees those its own task would."""
+    return f" --gpus-per-node={plan.tasks_per_node * plan.gpus_per_task}" if plan.gpus_per_task else ""
 
 
 def read_attempt(plan: Plan) -> list[str]:

@@ -54,6 +54,9 @@ class Request:
     steps: tuple[Step, ...]
     launcher: str  # per_task or torchrun
     restarts: int = 0  # spec.restarts: the train step runs in a loop of attempts
+    # spec.warm_restarts: each node's standby (train.standby serve), an srun step of one task per
+    # node beside the attempts, whose ranks start from it through ``train.standby run``
+    standby: tuple[str, ...] = ()
     attempts: tuple[
         str, ...
     ] = ()  # with restarts: the command that starts and ends attempts (cluster.backends.slurm.attempts)
@@ -218,10 +221,17 @@ def make_request(
     on_nodes = ("--overlap", f"--nodes={ATTEMPT_NNODES}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
     per_rank = (*on_nodes, f"--ntasks={ATTEMPT_NTASKS}") if spec.restarts else ()
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
+    standby = [python, "-P", "-m", "train.standby"]
+    warm = bool(spec.restarts and spec.warm_restarts and spec.launcher == "per_task")
+
+    def rank_step(command: list[str]) -> tuple[str, ...]:
+        """A rank's command, started from the node's standby where warm (cold where none listens)."""
+        return tuple(in_container(spec, plan.backend, [*standby, "run", "--", *command] if warm else command, code))
+
     if spec.preflight or preflight_only:
         join = f"--join-timeout-s={spec.stall_timeout_s or PREFLIGHT_JOIN_TIMEOUT_S:g}"
-        check = in_container(spec, plan.backend, [python, "-P", "-m", "train.preflight", "--timestamps", join], code)
-        steps.append(Step("preflight", plan.tasks_per_node, per_rank, "preflight", tuple(check)))
+        check = rank_step([python, "-P", "-m", "train.preflight", "--timestamps", join])
+        steps.append(Step("preflight", plan.tasks_per_node, per_rank, "preflight", check))
     if not preflight_only:
         if spec.launcher == "torchrun":
             agent = torchrun(
@@ -233,8 +243,8 @@ def make_request(
             )
         else:
             own_log = plan.backend.shim_opens_rank_logs
-            command = in_container(spec, plan.backend, rank_program(spec, plan.backend, python, own_log, code), code)
-            steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", tuple(command)))
+            command = rank_step(rank_program(spec, plan.backend, python, own_log, code))
+            steps.append(Step("train", plan.tasks_per_node, per_rank, "rank", command))
     attempts = (
         in_container(spec, plan.backend, [python, "-P", "-m", "cluster.backends.slurm.attempts"], code)
         if spec.restarts
@@ -249,6 +259,7 @@ def make_request(
         launcher=spec.launcher,
         restarts=spec.restarts,
         attempts=tuple(attempts),
+        standby=tuple(in_container(spec, plan.backend, [*standby, "serve"], code)) if warm else (),
         name=spec.name,
         time_limit_s=spec.time_minutes * 60,
         rank_signal=spec.rank_signal,

@@ -201,6 +201,10 @@ class JobSpec:
     # many (0: never fewer than ``nodes``). The built-in trainer reshards its checkpoint onto
     # the smaller world (train.batch_size is the global batch: the mathematics is unchanged).
     min_nodes: int = 0
+    # With restarts, a standby on every node imports what a rank imports while the job runs, and
+    # the ranks of a restart start from it (train.standby): only the first attempt starts cold.
+    # One rank per task only (program.launcher=per_task): torchrun's agents start their workers afresh.
+    warm_restarts: bool = True
     container: ContainerSpec = field(default_factory=ContainerSpec)
     snapshot: SnapshotSpec = field(default_factory=SnapshotSpec)
     cost: CostSpec = field(default_factory=CostSpec)

@@ -325,6 +325,8 @@ def main(argv: list[str]) -> None:
     threads = cpu_threads(env)
     if threads:  # as torchrun does: ranks sharing a node's cores must not each take all of them
         os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:  # started warm (train.standby): torch read the variable at its import
+            sys.modules["torch"].set_num_threads(threads)
     writer = RecordWriter(job_dir, env.rank)
     os.environ[RECORDS_VAR] = str(writer.path)  # where a program may say what its checkpoints cost
     writer.write(

@@ -171,6 +171,25 @@ def test_rendered_script_essentials():
     )
 
 
+@pytest.mark.parametrize(
+    "overrides, warm",
+    [
+        (["restarts=2"], True),
+        (["restarts=2", "warm_restarts=false"], False),
+        (["restarts=2", "program.script=jobs/train_cnn.py", "program.launcher=torchrun"], False),  # fresh workers
+        ([], False),  # no restarts: nothing to start warm
+    ],
+)
+def test_the_ranks_of_a_restart_start_from_each_nodes_standby(overrides, warm):
+    s = spec(*overrides, path=ROOT / "jobs/multi_node.yaml")
+    plan = make_plan(s)
+    text = render(s, plan, make_request(s, plan, PYTHON))
+    assert ("train.standby serve &" in text) == warm and ("-m train.standby run -- " in text) == warm
+    if warm:  # every node, the spares too, one task each with the node's CPUs and GPUs
+        assert '"--nodes=$SLURM_JOB_NUM_NODES" "--ntasks=$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in text
+        assert "--cpus-per-task=32 --gpus-per-node=4" in text
+
+
 def test_render_cli_container_forms_and_the_batch_log_directory(tmp_path):
     for runtime, needle in [("pyxis", "--container-image=IMG"), ("apptainer", "apptainer exec --nv")]:
         result = run_module("cluster", "render", "jobs/multi_node.yaml", f"container.runtime={runtime}",

@@ -6,6 +6,7 @@ root); where it cannot work (not root, no apt) these tests skip with the printed
 
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from cluster.system import minicluster
 from cluster.system.poll import WaitTimeout, wait_until
-from tests.conftest import ROOT, run_module
+from tests.conftest import ROOT, run_module, torchrun
 from tests.support.bad_specs import BAD
 from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.support.repos import SCRIPT, make_repo
@@ -536,6 +537,22 @@ def test_a_requeued_job_runs_the_code_it_was_submitted_with_though_its_script_wa
 RESTARTS = ["restarts=2", "spare_nodes=1", "train.ckpt_every=50"]
 
 
+def standbys_warm(job_dir: Path, nodes: int = 3) -> None:
+    """Wait until the standby of each node of the allocation is warm (``train.standby``): a
+    restart before that starts cold, as it would without one."""
+    for node in range(nodes):
+        wait_for_line(job_dir / f"standby_{node}.log", "warm in", timeout=300)
+
+
+def started_warm(job_dir: Path, attempt: int, ranks: range = range(4)) -> list[int]:
+    """The ranks whose ``attempt``'s process a node's standby forked (its log names each pid)."""
+    said = "".join(log.read_text() for log in job_dir.glob("standby_*.log"))
+    starts = {r: [s for s in read_records(job_dir / f"rank_{r:05d}.jsonl") if s["event"] == "start"] for r in ranks}
+    return [
+        r for r in ranks if len(starts[r]) > attempt and f"rank started warm: pid {starts[r][attempt]['pid']}," in said
+    ]
+
+
 def ended_by_itself(job_id: str) -> str:
     try:
         return wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "GONE"), timeout=600)
@@ -554,6 +571,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, *RESTARTS, wait=False)
     job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
     try:
+        standbys_warm(job_dir)
         starts = [wait_for_step(job_dir, rank, 120) for rank in (2, 3)]
         if how == "node failed":
             minicluster.fail("n2")
@@ -578,6 +596,12 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     assert 0 <= first["recomputed_steps"] <= 50 and first["recovery_s"] > 0
     text = run_module("cluster", "logs", str(job_dir)).stdout
     assert "ATTEMPTS: 2 (1 of 2 restart(s) used)" in text and "excluded n2" in text
+    # Warm: every rank of the restart forked by its node's standby, the survivor's and the spare's.
+    # (How much faster it starts is make bench's: bench.restart_bench, warm against cold.)
+    assert started_warm(job_dir, 1) == [0, 1, 2, 3]
+    ledger = ledger_of(job_dir)
+    print(f"start-up: attempt 0 {ledger['attempts'][0]['start-up']:.2f} s, the warm restart "
+          f"{ledger['attempts'][1]['start-up']:.2f} s; detection {ledger['categories']['detection']:.2f} s")  # fmt: skip
     check_goodput_of_a_restart(job_dir)
 
 
@@ -633,6 +657,7 @@ def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(t
         return starts[1] if len(starts) > 1 else None
 
     try:
+        standbys_warm(job_dir)
         for start in [wait_for_step(job_dir, rank, 120) for rank in (2, 3)]:
             kill_rank(start)
 
@@ -655,6 +680,7 @@ def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(t
     assert code.returncode == 0 and report["completed"] == 4, report
     assert [a["verdict"] for a in report["attempts"]] == ["restart", "restart", None], report["attempts"]
     assert [a["nodes"] for a in report["attempts"]] == [["n1", "n2"], ["n1", "n3"], ["n1", "n3"]]
+    assert started_warm(job_dir, 2) == [0, 1, 2, 3]  # the standby of n3 outlived the ranks it forked
     ledger = ledger_of(job_dir)  # three attempts, two restarts, each its own row
     assert len(ledger["attempts"]) == 3 and all("restart" in a for a in ledger["attempts"][1:])
     assert ledger["categories"]["lost work"] > 0 and ledger["ettr"] < without_recovery(ledger)
@@ -690,9 +716,14 @@ def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_chec
     result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, *program, wait=False)
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "cnn" / info["job_id"]
+    if launcher == "per_task":
+        standbys_warm(job_dir)
     kill_ranks_at_step(info["job_id"], job_dir, (2, 3), 60)
     report, first, second = two_attempts(job_dir)
     assert second["nodes"] == ["n1", "n3"]
+    # one rank a task: forked by its node's standby; torchrun's agents start their workers afresh
+    assert started_warm(job_dir, 1) == ([0, 1, 2, 3] if launcher == "per_task" else [])
+    assert bool(list(job_dir.glob("standby_*.log"))) == (launcher == "per_task")
     assert [node for node, _ in first["excluded"]] == ["n2"] and first["recovery_s"] > 0
     resumed = (job_dir / "rank_00000.attempt1.log").read_text()
     assert f"resumed from {ckpt} at step" in resumed, resumed[-2000:]
@@ -779,6 +810,38 @@ def test_a_hang_ends_the_attempt_and_its_culprits_node_is_left_out(tmp_path):
     ledger = ledger_of(job_dir)  # the hang's time is its own category: stalled, not detection
     print(f"goodput of a hang: {json.dumps(ledger)}")
     assert ledger["categories"]["stalled"] > 0 and ledger["categories"]["detection"] == 0
+
+
+def test_a_script_saving_asynchronously_with_dcp_restarts_warm_and_ends_as_if_never_stopped(tmp_path):
+    """docs/goodput.md's asynchronous saves in a torchrun script (DCP's ``async_save`` in its own
+    process; a save is its ``latest`` once written on every rank): its second node's ranks are
+    killed at step 110 or so, every rank of the restart is forked by its node's standby, it
+    resumes from its latest complete checkpoint, and its last parameters are those of the same
+    script run uninterrupted by torchrun; the ledger counts what its saves cost the loop, from
+    the ``checkpoint`` records it wrote."""
+    ckpt = tmp_path / "dcp"
+    args = ["--steps", "200", "--ckpt-every", "50", "--step-s", "0.02"]
+    script = "tests/support/clients/dcp_async_train.py"
+    program = [f"program.script={script}", f"program.args={json.dumps(['--ckpt-dir', str(ckpt), *args])}",
+               "restarts=1", "spare_nodes=1"]  # fmt: skip
+    result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, *program, wait=False)
+    assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    standbys_warm(job_dir)
+    kill_ranks_at_step(info["job_id"], job_dir, (2, 3), 110)
+    _, first, second = two_attempts(job_dir)
+    assert second["nodes"] == ["n1", "n3"] and started_warm(job_dir, 1) == [0, 1, 2, 3]
+    resumed = (job_dir / "rank_00000.attempt1.log").read_text()
+    at = re.search(rf"resumed from {re.escape(str(ckpt))}/step_(\d+) at step (\d+)", resumed)
+    assert at and at[1].lstrip("0") == at[2] and int(at[2]) >= 50, resumed[-2000:]
+    done = lambda text: re.search(r"rank 0: done at step 200, weights (\[.*\])", text)[1]  # noqa: E731
+    straight = torchrun(
+        4, script.removesuffix(".py").replace("/", "."), "--ckpt-dir", str(tmp_path / "straight"), *args
+    )
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    assert json.loads(done(resumed)) == json.loads(done(straight.stdout))
+    ledger = ledger_of(job_dir)
+    assert ledger["checkpoint_known"] and ledger["categories"]["checkpoint"] > 0, ledger
 
 
 def test_with_no_spare_left_the_job_goes_on_with_fewer_nodes_and_the_same_loss(tmp_path):
