@@ -814,30 +814,35 @@ def test_a_hang_ends_the_attempt_and_its_culprits_node_is_left_out(tmp_path):
 
 def test_a_script_saving_asynchronously_with_dcp_restarts_warm_and_ends_as_if_never_stopped(tmp_path):
     """docs/goodput.md's asynchronous saves in a torchrun script (DCP's ``async_save`` in its own
-    process; a save is its ``latest`` once written on every rank): its second node's ranks are
-    killed at step 110 or so, every rank of the restart is forked by its node's standby, it
-    resumes from its latest complete checkpoint, and its last parameters are those of the same
-    script run uninterrupted by torchrun; the ledger counts what its saves cost the loop, from
-    the ``checkpoint`` records it wrote."""
+    process; a save is its ``latest`` once written on every rank), one rank on each of 2 nodes:
+    the second node's rank is killed at step 110 or so, both ranks of the restart are forked by
+    their node's standby, it resumes from its latest complete checkpoint, and its last
+    parameters are those of the same script run uninterrupted by torchrun; the ledger counts
+    what its saves cost the loop, from the ``checkpoint`` records it wrote. (Two ranks: with
+    more, gloo's ring sums a gradient element in an order set by its place in DDP's bucket,
+    which DDP lays out anew in a resumed process's first step, so that a resumed DDP script
+    ends a few ulps from an uninterrupted one, under torchrun alone as well: 6e-9 relative
+    after 150 steps on 4 ranks, measured; bitwise with one parameter a bucket.)"""
     ckpt = tmp_path / "dcp"
     args = ["--steps", "200", "--ckpt-every", "50", "--step-s", "0.02"]
     script = "tests/support/clients/dcp_async_train.py"
     program = [f"program.script={script}", f"program.args={json.dumps(['--ckpt-dir', str(ckpt), *args])}",
-               "restarts=1", "spare_nodes=1"]  # fmt: skip
+               "gpus_per_node=1", "restarts=1", "spare_nodes=1"]  # fmt: skip
     result, info = submit("jobs/cnn.yaml", tmp_path, *FIT, *program, wait=False)
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "cnn" / info["job_id"]
     standbys_warm(job_dir)
-    kill_ranks_at_step(info["job_id"], job_dir, (2, 3), 110)
-    _, first, second = two_attempts(job_dir)
-    assert second["nodes"] == ["n1", "n3"] and started_warm(job_dir, 1) == [0, 1, 2, 3]
+    kill_ranks_at_step(info["job_id"], job_dir, (1,), 110)
+    code, report = logs_json(job_dir)
+    first, second = report["attempts"]
+    assert code.returncode == 0 and report["completed"] == 2, report
+    assert second["nodes"] == ["n1", "n3"] and started_warm(job_dir, 1, range(2)) == [0, 1]
     resumed = (job_dir / "rank_00000.attempt1.log").read_text()
     at = re.search(rf"resumed from {re.escape(str(ckpt))}/step_(\d+) at step (\d+)", resumed)
     assert at and at[1].lstrip("0") == at[2] and int(at[2]) >= 50, resumed[-2000:]
     done = lambda text: re.search(r"rank 0: done at step 200, weights (\[.*\])", text)[1]  # noqa: E731
-    straight = torchrun(
-        4, script.removesuffix(".py").replace("/", "."), "--ckpt-dir", str(tmp_path / "straight"), *args
-    )
+    module = script.removesuffix(".py").replace("/", ".")
+    straight = torchrun(2, module, "--ckpt-dir", str(tmp_path / "straight"), *args)
     assert straight.returncode == 0, straight.stderr[-2000:]
     assert json.loads(done(resumed)) == json.loads(done(straight.stdout))
     ledger = ledger_of(job_dir)
