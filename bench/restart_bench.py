@@ -99,6 +99,9 @@ def ended(job_id: str) -> bool:
 def in_allocation(tmp: Path, warm: bool = True) -> tuple[float, Path]:
     job_dir = submit(tmp, *RUN, "restarts=1", "spare_nodes=1", f"warm_restarts={str(warm).lower()}")
     try:
+        if warm:  # the failure after each node's standby is warm (before, the restart would start cold)
+            warm_in = lambda node: "warm in" in read_or_empty(job_dir / f"standby_{node}.log")  # noqa: E731
+            wait_until(lambda: all(map(warm_in, range(3))), 300, "the standbys to be warm", 0.2)
         for rank in (2, 3):
             os.kill(wait_until(lambda r=rank: reached(job_dir, r, FAIL_AT), 300, "step 60", 0.2)["pid"], signal.SIGKILL)
         wait_until(lambda: ended(job_dir.name), 600, "the job to end")
@@ -108,6 +111,10 @@ def in_allocation(tmp: Path, warm: bool = True) -> tuple[float, Path]:
         [sys.executable, "-m", "cluster", "logs", str(job_dir), "--json"], capture_output=True, text=True
     )
     return json.loads(out.stdout)["attempts"][0]["recovery_s"], job_dir
+
+
+def read_or_empty(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def requeued(tmp: Path) -> tuple[float, Path]:
