@@ -52,7 +52,7 @@ PROBE = """#!/bin/bash
 #SBATCH --time=00:05:00
 #SBATCH --output={out}/slurm-%j.log
 export MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 12000))
 export OMP_NUM_THREADS=1
 echo "batch start at $(date +%s.%N)"
 srun {python} -c '

@@ -93,8 +93,11 @@ STALL_HEADER = "Timeout ("
 
 # ----------------------------------------------------------------------------- rendezvous
 # One rule for the rendezvous port, derived from the job id so that two jobs sharing a
-# node use different ports (they collide only if their ids differ by a multiple of 20000).
-PORT_BASE, PORT_SPAN = 20000, 20000
+# node use different ports (they collide only if their ids differ by a multiple of 12000).
+# Below Linux's ephemeral ports (32768-60999 by default), where any outgoing connection may
+# hold the port: a local job's torchrun agent (job id 17186, port 37186) could not start its
+# rendezvous store there and waited 60 s for the connection's holder to answer as one.
+PORT_BASE, PORT_SPAN = 20000, 12000
 PORT_RULE = f"MASTER_PORT = {PORT_BASE} + job_id % {PORT_SPAN} (unless MASTER_PORT is set)"
 
 

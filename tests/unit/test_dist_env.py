@@ -89,7 +89,8 @@ def test_launcher_vars_are_recorded():
 
 def test_port_rule_separates_jobs():
     ports = {master_port_for_job(j) for j in range(1000, 1100)}
-    assert len(ports) == 100 and all(20000 <= p < 40000 for p in ports)
+    assert len(ports) == 100 and all(20000 <= p < 32000 for p in ports)  # below the ephemeral ports
+    assert master_port_for_job(17186) == 25186
     assert master_port_for_job("12345_3") == master_port_for_job("123453")
 
 
