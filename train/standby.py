@@ -54,6 +54,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT)  # srun sends these to its step's ta
 JOB_WIDE_S = 1.0  # a SIGTERM the standby got this long before or after its task's came to every step
 MAX_MESSAGE = 1 << 20
 WAKE_S = 1.0
+REQUEST_TIMEOUT_S = 10.0
 
 
 def address(env: dict[str, str] = os.environ) -> str | None:
@@ -196,11 +197,16 @@ class Standby:
     def accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()
         uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+        if uid != os.getuid():  # the socket is the node's to reach: another user's gets nothing
+            conn.close()
+            return
+        conn.settimeout(REQUEST_TIMEOUT_S)  # a task sends at once; nothing else holds up the others
         try:
             request, fds = receive(conn, 3)
         except (OSError, ValueError):
             request, fds = None, []
-        why = self.refusal(request, uid, fds)
+        conn.settimeout(None)
+        why = self.refusal(request, fds)
         if why:
             say(f"a cold start: {why}")
             for fd in fds:
@@ -228,12 +234,11 @@ class Standby:
         self.children[pid] = (conn, pidfd)
         self.selector.register(pidfd, selectors.EVENT_READ, lambda _, pid=pid: self.reap(pid))
         self.selector.register(conn, selectors.EVENT_READ, lambda _, pid=pid: self.heard(pid))
-        send(conn, {"pid": pid})
+        with contextlib.suppress(OSError):  # a task gone already: heard() sees it, and ends the rank
+            send(conn, {"pid": pid})
         say(f"rank started warm: pid {pid}, {' '.join(request['argv'][1:5])} ...")
 
-    def refusal(self, request: dict | None, uid: int, fds: list[int]) -> str:
-        if uid != os.getuid():
-            return f"a task of another user (uid {uid})"
+    def refusal(self, request: dict | None, fds: list[int]) -> str:
         if request is None or len(fds) != 3:
             return "an incomplete request"
         if not warm_command(request["argv"]):
