@@ -81,7 +81,12 @@ def plan_record(spec: JobSpec, plan: Plan) -> dict:
         p = spec.program
         program = {"kind": p.kind, "target": p.target, "launcher": p.launcher, "require_progress": p.require_progress}
     restarts = (
-        {"restarts": spec.restarts, "spare_nodes": spec.spare_nodes, "min_nodes": spec.min_nodes or spec.nodes}
+        {
+            "restarts": spec.restarts,
+            "spare_nodes": spec.spare_nodes,
+            "min_nodes": spec.min_nodes or spec.nodes,
+            "warm_restarts": spec.restarts_warm,
+        }
         if spec.restarts
         else {}
     )

@@ -222,7 +222,7 @@ def make_request(
     per_rank = (*on_nodes, f"--ntasks={ATTEMPT_NTASKS}") if spec.restarts else ()
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
     standby = [python, "-P", "-m", "train.standby"]
-    warm = bool(spec.restarts and spec.warm_restarts and spec.launcher == "per_task")
+    warm = spec.restarts_warm
 
     def rank_step(command: list[str]) -> tuple[str, ...]:
         """A rank's command, started from the node's standby where warm (cold where none listens)."""

@@ -249,6 +249,11 @@ class JobSpec:
         return self.program.launcher if self.program else "per_task"
 
     @property
+    def restarts_warm(self) -> bool:
+        """Restarts whose ranks start from each node's standby (train.standby): one rank a task only."""
+        return bool(self.restarts and self.warm_restarts and self.launcher == "per_task")
+
+    @property
     def rank_signal(self) -> str:
         """The name of the time-limit signal the ranks get (USR1), "" when none does (no
         ``signal``, or ``B:`` for the batch shell alone)."""
