@@ -160,6 +160,60 @@ def pytest_sessionstart(session):
     os.environ[SESSION_MARK] = str(os.getpid())
 
 
+# ----------------------------------------------------------------------------- a hung test fails
+# Every test has a time limit (pyproject's ``timeout``, pytest-timeout): one that hangs fails
+# naming itself, and the run goes on (issue 75: a writer holding torchrun's pipes held `make
+# test` until CI's limit). Before pytest-timeout's own report (this process's threads), the
+# stacks of the session's processes that the test waits on are printed: theirs is the hang.
+STACKS_OF_AT_MOST = 16  # processes whose stacks a timed-out test prints
+
+
+def say_stacks_of_the_sessions_processes(item) -> None:
+    from cluster.system.processes import with_descendants
+
+    processes = job_processes()
+    terminal = item.config.get_terminal_writer()
+    terminal.sep("~", f"{item.nodeid} timed out: {len(processes)} process(es) of the session still run")
+    mine = with_descendants([os.getpid()])
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    for pid, cmd in sorted(processes.items())[:STACKS_OF_AT_MOST]:
+        orphan = "" if pid in mine else " (orphaned: not a descendant of this session any more)"
+        terminal.sep("~", f"pid {pid}{orphan}: {cmd[:200]}")
+        if spy is None:
+            continue
+        try:
+            dump = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            continue
+        terminal.write((dump.stdout or dump.stderr or "(no Python stack)\n")[-6000:] + "\n")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's signal method, with the session's processes' stacks before its own."""
+    import signal
+    import threading
+
+    import pytest_timeout
+
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None  # pytest-timeout's own way
+
+    def handler(signum, frame):
+        __tracebackhide__ = True
+        say_stacks_of_the_sessions_processes(item)
+        pytest_timeout.timeout_sigalrm(item, settings)
+
+    def cancel():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    item.cancel_timeout = cancel
+    return True
+
+
 def docker_objects(under: Path) -> list:
     """The containers and networks of cluster=docker jobs whose job directory is under ``under``."""
     from cluster.launcher.containers import LABEL

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from train import dcp_writer
 from train.config import ConfigError
 from train.faults import unwritable_checkpoint
 from train.parallel.common import Trainable
@@ -147,11 +148,17 @@ def publish(ckpt_dir: Path, step: int) -> Path:
 WARM_UP = ".warm-up"  # the writing process's first, empty save (AsyncSaver.warm_up)
 
 
+# How long a rank waits for its writing process to start (a fresh interpreter importing torch:
+# seconds, a minute on a loaded machine) before the ranks agree to save synchronously.
+WRITER_START_LIMIT_S = 300.0
+
+
 @dataclass
 class Written:
-    """How an asynchronous save ended: its step, the seconds its write took, its error."""
+    """How an asynchronous save ended: its step (None: the warm-up's), the seconds its write
+    took, its error."""
 
-    step: int
+    step: int | None
     write_s: float
     error: str | None = None
 
@@ -194,25 +201,31 @@ class AsyncSaver:
 
     def finish(self, ok_everywhere) -> Written | None:
         """Wait for the save in flight, then publish it where every rank wrote its part
-        (``ok_everywhere(flag)``: the flag agreed on by every rank); None without one."""
+        (``ok_everywhere(flag)``: the flag agreed on by every rank); None without one, or after
+        the warm-up where every rank's writer started (a ``Written`` of step None where one
+        did not: the caller saves synchronously from then on)."""
         if self.pending is None:
             return None
         step, future, written, started = self.pending
         self.pending = None
         error = None
         try:
-            future.result()
+            future.result(timeout=WRITER_START_LIMIT_S if step is None else None)
             if written is not None:
                 written.result()
         except (KeyboardInterrupt, SystemExit):
             raise
+        except TimeoutError:
+            error = f"DCP's writing process did not start in {WRITER_START_LIMIT_S:.0f} s"
         except BaseException as exc:  # disk full, an unwritable directory (DCP's CheckpointException is a
             error = why_not_written(exc)  # BaseException): named, and training goes on
         write_s = time.perf_counter() - started
-        if step is None:  # the warm-up's: nothing to publish (its failure is the first save's to meet)
-            if _rank() == 0:
+        if step is None:  # the warm-up's: nothing to publish; agreed on, as a writer that did not
+            if _rank() == 0:  # start on one rank leaves the others' waiting for it
                 shutil.rmtree(self.dir / WARM_UP, ignore_errors=True)
-            return None
+            if ok_everywhere(error is None):
+                return None
+            return Written(None, write_s, error or "another rank's writing process did not start")
         if ok_everywhere(error is None):
             publish(self.dir, step)
             return Written(step, write_s)
@@ -225,10 +238,9 @@ class AsyncSaver:
         """The writing process and the staging buffers released (a save in flight is abandoned:
         its directory stays temporary, the previous checkpoint latest)."""
         self.extras_writer.shutdown(wait=True)
+        dcp_writer.stop()
         if self.stager is not None:
             self.stager.close()
-        _stop_checkpoint_process()
-        _stop_resource_tracker()
 
 
 def why_not_written(exc: BaseException) -> str:
@@ -249,6 +261,7 @@ def _async_options(device: torch.device, stager):
 
     kind = {}
     if hasattr(state_dict_saver, "AsyncCheckpointerType") and dist.is_initialized():
+        dcp_writer.install()  # the writers end with their rank, on a port no connection takes
         kind["async_checkpointer_type"] = state_dict_saver.AsyncCheckpointerType.PROCESS
     if stager is None:
         try:
@@ -259,36 +272,6 @@ def _async_options(device: torch.device, stager):
         stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True,
                                               use_async_staging=False, use_non_blocking_copy=cuda))  # fmt: skip
     return kind, stager
-
-
-def _stop_checkpoint_process() -> None:
-    """DCP's writing process ends with the rank's interpreter; a rank of the kit leaves without
-    the interpreter's exit (``train.output.leave``), so it is told to stop here."""
-    try:
-        from torch.distributed.checkpoint import _async_process_executor as executor  # on use, as save's
-    except ImportError:
-        return
-    process = getattr(executor, "_CHECKPOINT_PROCESS", None)
-    if process is None:
-        return
-    executor._CHECKPOINT_PROCESS = None
-    process.__del__()  # sends it TERMINATE and joins it (SIGTERM after 5 s)
-    child = getattr(process, "_save_process", None)
-    if child is not None:
-        child.join(timeout=5)
-        if child.is_alive():  # its process group's end can wait for peers that are gone
-            child.kill()
-            child.join()
-
-
-def _stop_resource_tracker() -> None:
-    """The shared-memory staging started multiprocessing's resource tracker, which also ends
-    with the interpreter's exit alone."""
-    from multiprocessing import resource_tracker  # on use: only where a writing process ran
-
-    tracker = getattr(resource_tracker, "_resource_tracker", None)
-    if tracker is not None and getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
-        tracker._stop()
 
 
 def latest(ckpt_dir: Path) -> Path | None:

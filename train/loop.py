@@ -397,6 +397,8 @@ class Checkpointer:
             self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))
             return
         waited = self.settle(distributed, step)
+        if self.saver is None:  # its writing process did not start (settle said so)
+            return self.save(step, meter, distributed, final)
         self.saver.start(step, self.trainable, self.scaler, self.layout)
         if final:
             self.settle(distributed, step)
@@ -409,6 +411,12 @@ class Checkpointer:
         written = self.saver.finish(lambda ok: on_every_rank(ok, distributed, self.device))
         waited = time.perf_counter() - started
         if written is None:
+            return waited
+        if written.step is None:  # a rank's writing process did not start: every rank saves synchronously
+            self.writer.write("checkpoint_failed", step=None, error=written.error)
+            print(f"asynchronous checkpoints are off: {written.error}; saving synchronously", flush=True)
+            self.saver.close()
+            self.saver = None
             return waited
         if written.error:
             last = checkpoint.latest(self.dir)
