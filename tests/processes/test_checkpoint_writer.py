@@ -101,7 +101,7 @@ def test_a_rank_killed_mid_save_under_torchrun_takes_its_writer_and_the_run_resu
             proc.kill()
             proc.wait()
     log = out[0].decode(errors="replace")
-    assert f"DCP's writing process ends: its rank (pid" in log, log[-3000:]
+    assert "DCP's writing process ends: its rank (pid" in log, log[-3000:]
     assert_saves_after(run / record_name(1), run / "checkpoints", published)
 
     again = run_module("torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}", "-m", "train",
@@ -150,7 +150,9 @@ def test_a_rank_killed_mid_save_on_the_local_launcher_takes_its_writer(tmp_path)
     job_dir = Path(info["log_dir"])
     try:
         wait_for_step(job_dir, 1, None, timeout=300)
-        writer, published = kill_mid_save(job_dir / record_name(1), job_dir / "checkpoints", lambda: job_running(job_dir))
+        writer, published = kill_mid_save(
+            job_dir / record_name(1), job_dir / "checkpoints", lambda: job_running(job_dir)
+        )
         wait_until(lambda: not alive(writer), WRITER_GONE_S, "rank 1's writer to end after its rank", 0.1)
         wait_until(lambda: not job_running(job_dir), 300, "the job to end after its rank was killed")
     finally:
