@@ -33,6 +33,25 @@ class SchedulerKills:
             return self.job or self.tasks.get(rank, "")
         return self.nodes.get(node_name or "", "") or self.agents.get((attempt, rank), "")
 
+    def job_wide(self, rank: int, node_name: str | None, attempt: int = 0) -> bool:
+        """Whether what ended the rank, as this account says, was sent to the whole job (``of``)."""
+        return bool(self.job) or sent_to_the_whole_job(self.of(rank, node_name, attempt))
+
+
+# What a launcher or scheduler sends every task of a step when it ends the step: srun's
+# kill-on-bad-exit and a cancel (SIGTERM; SIGKILL KillWait later to what outlived it), the
+# time-limit signal. A rank that one of them ended is in the cascade of any rank that ended
+# otherwise (issue 76: a SIGKILLed rank's peer, SIGTERMed by srun, was named the culprit by the
+# stamps: the dead rank's log went on with its leftovers' lines, dating its end after the SIGTERM).
+JOB_WIDE = "sent to the whole job"
+TIME_LIMIT_SIGNAL = "the spec's time-limit signal"
+TIME_LIMIT = "killed at the job's time limit"
+
+
+def sent_to_the_whole_job(said: str) -> bool:
+    """Whether an account of a rank's end (``SchedulerKills.of``) names a signal sent to every task."""
+    return any(words in said for words in (JOB_WIDE, TIME_LIMIT_SIGNAL, TIME_LIMIT)) or said.startswith("cancelled")
+
 
 def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> SchedulerKills:
     """Why the scheduler ended the ranks of the attempt that ran last, where its log says so:
@@ -50,7 +69,7 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
                 said = said[said.find("\n", at) + 1 :] if "\n" in said[at:] else ""
             text += said
     if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
-        return SchedulerKills(job="killed at the job's time limit")
+        return SchedulerKills(job=TIME_LIMIT)
     if cancelled := cancel_said(text):
         return SchedulerKills(job=cancelled)
     spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
@@ -63,10 +82,13 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
             reason = "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"
         elif (sig := by_words.get(words)) is not None:
             name = sig.name.removeprefix("SIG")
-            why = (
-                "the spec's time-limit signal; the program has no handler" if name == spec_signal else "sent to the job"
-            )
-            reason = f"killed by {sig.name}: {why}"
+            if name == spec_signal:
+                why = f"{TIME_LIMIT_SIGNAL}; the program has no handler"
+            elif sig == signal.SIGTERM:  # srun's (or the local launcher's) end of the step's other tasks
+                why = f"{JOB_WIDE} (the step ended)"
+            else:  # SIGKILL, SIGSEGV...: the OOM killer, a person, the program; not the step's end
+                why = ""
+            reason = f"killed by {sig.name}: {why}" if why else f"killed by {sig.name}"
         kills.nodes[node] = reason
         for task in task_numbers(tasks):
             kills.tasks[task] = reason

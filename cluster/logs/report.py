@@ -37,6 +37,9 @@ class RankReport:
     straggler: bool = False
     log: str = ""
     checkpoint_error: str | None = None  # a checkpoint it could not write (train.ckpt_async: the run went on)
+    # ended only by a signal sent to every task (the step's end, a cancel, the time limit):
+    # in the cascade of any rank that ended otherwise, whatever the stamps (cluster.logs.kills)
+    job_wide: bool = False
 
 
 @dataclass

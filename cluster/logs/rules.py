@@ -89,14 +89,24 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
         if not ev.logs and rep.last_time is None:  # cancelled while pending, or died starting up
             rep.error, rep.log = job.no_log()
         else:
-            said = job.killed_by.of(ev.rank, ev.node_name, len(ev.logs) - 1) or scan.get("signal")
+            attempt = len(ev.logs) - 1
+            account = job.killed_by.of(ev.rank, ev.node_name, attempt)
+            said = account or scan.get("signal")
             if end and end.get("terminated"):  # exit 0 from its own SIGTERM handler
                 rep.error = f"{said or 'SIGTERM came'}; its own SIGTERM handler stopped it unfinished (exit 0)"
             else:
                 rep.error = said or "ended without an error message (killed by a signal?)"
-            # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
-            # dates the end, after the error of a peer that made the launcher kill it.
-            rep.last_time = max(rep.last_time or 0, scan.get("mtime") or 0) or None
+            # The launcher's account first; without one, its own log's last words of a SIGTERM
+            rep.job_wide = job.killed_by.job_wide(ev.rank, ev.node_name, attempt) if account else (
+                bool(said) and ("SIGTERM" in said or "Terminated" in said)
+            )  # fmt: skip
+            if rep.job_wide or not account:
+                # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
+                # dates the end, after the error of a peer that made the launcher kill it. Not a
+                # rank the launcher says was killed otherwise (SIGKILL): what its log got after
+                # its death (its leftovers' lines, the stamper's note of them) would date it
+                # after the peers it took down.
+                rep.last_time = max(rep.last_time or 0, scan.get("mtime") or 0) or None
         rep.error_time = rep.last_time
         rep.frames = scan.get("dump_frames", [])
     return rep
@@ -140,10 +150,10 @@ def triage(
         return None, {}
 
     def key(r: RankReport):
-        # Root causes before cascade errors; then by time; a silent rank by its lowest step.
-        is_cascade = bool(r.error and is_cascade_error(r.error)) and r.state == "failed"
-        when = r.error_time or r.last_time or float("inf")
-        return (r.rank not in culprits, is_cascade, when, r.last_step or 0, r.rank)
+        # Root causes before cascade errors (a peer's error, or a signal sent to the whole job:
+        # the step's end, a cancel); then by time; a silent rank by its lowest step.
+        return (r.rank not in culprits, in_cascade(r), r.error_time or r.last_time or float("inf"), r.last_step or 0,
+                r.rank)  # fmt: skip
 
     candidates.sort(key=key)
     first = candidates[0]
@@ -167,8 +177,31 @@ def triage(
         "frames": first.frames,
         "last_step": first.last_step,
         "log": first.log,
+        "evidence": evidence(first, candidates[1:], culprits),
     }
     return failure, {label: sorted(ranks) for label, ranks in cascade.items()}
+
+
+def in_cascade(r: RankReport) -> bool:
+    return r.job_wide or (r.state == "failed" and bool(r.error and is_cascade_error(r.error)))
+
+
+def evidence(first: RankReport, others: list[RankReport], culprits: set[int]) -> str:
+    """What decided the first failure, in words (the restart's exclusion of its node says it too)."""
+    if first.rank in culprits:
+        why = "the hang's culprit, by the ranks' stacks"
+    elif first.state == "killed" and not first.job_wide:
+        why = f"its end, as the launcher tells it: {first.error}"
+    elif first.state == "failed" and first.frames:
+        why = "its own traceback, the earliest root cause by time"
+    else:
+        why = f"the earliest by time ({first.state})"
+    by_signal = sorted(r.rank for r in others if r.job_wide)
+    if by_signal and not first.job_wide:
+        why += (
+            f"; {len(by_signal)} rank(s) ended by a signal sent to the whole job are its cascade, whatever their stamps"
+        )
+    return why
 
 
 def hang_error(r: RankReport, hang: dict, stack: Stack | None) -> tuple[str, list[str]]:

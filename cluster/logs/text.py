@@ -69,6 +69,8 @@ def format_report(report: Report, limit: int = 64) -> str:
         for frame in f["frames"][-6:]:
             lines.append("  " + frame.replace("\n", "\n  "))
         lines.append(f"  log: {f['log']}")
+        if f.get("evidence"):
+            lines.append(f"  decided by: {f['evidence']}")
         if report.cascade:
             lines.append(f"cascade ({sum(len(v) for v in report.cascade.values())} ranks, consequences of the above):")
             for label, ranks in report.cascade.items():

@@ -119,6 +119,7 @@ def the_failure(job_dir: JobDir, attempt: dict) -> dict:
         "rank": first.get("rank"),
         "node": nodes[index] if isinstance(index, int) and 0 <= index < len(nodes) else None,
         "error": first.get("error") or "",
+        "evidence": first.get("evidence"),  # what decided the culprit (cluster.logs.rules.evidence)
         "failed_at": first.get("time"),
         "hang": hang,
         "step": max(steps) if steps else None,  # the furthest any rank got in this attempt

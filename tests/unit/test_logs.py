@@ -236,21 +236,21 @@ RESTARTED = "cluster.attempts: attempt 0 failed (exit 137; rank 2 on n2): ...\nc
         ("srun: error: n2: tasks 2-3: User defined signal 1\n", {"time_limit_signal": "USR1"}, 2, "n2",
          "killed by SIGUSR1: the spec's time-limit signal; the program has no handler"),
         ("srun: error: n1: task 0: User defined signal 2\n", {"time_limit_signal": "USR1"}, 0, "n1",
-         "killed by SIGUSR2: sent to the job"),
+         "killed by SIGUSR2"),
         ("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-11-24T10:00:00 DUE TO TIME LIMIT ***\n", {}, 3,
          "n2", "killed at the job's time limit"),
         ("srun: error: n1: task 0: Exited with exit code 1\n", {}, 0, "n1", ""),
         # The OOM killer's rank is "Killed"; srun then ends its peers: "Terminated" is theirs only
         ("srun: error: n2: task 2: Killed\nsrun: error: n1: tasks 0-1,3: Terminated\n", {}, 2, "n2",
-         "killed by SIGKILL: sent to the job"),
+         "killed by SIGKILL"),
         ("srun: error: n2: task 2: Killed\nsrun: error: n1: tasks 0-1,3: Terminated\n", {}, 3, "n2",
-         "killed by SIGTERM: sent to the job"),
+         "killed by SIGTERM: sent to the whole job (the step ended)"),
         # torchrun's agents are the tasks: the agent of n2 exited 1 (its workers were SIGKILLed),
         # srun then ended the agent of n1
         ("srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n", TORCHRUN, 2,
          "n2", ""),
         ("srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n", TORCHRUN, 0,
-         "n1", "killed by SIGTERM: sent to the job"),
+         "n1", "killed by SIGTERM: sent to the whole job (the step ended)"),
         # SLURM's words where the step's memory cgroup ran out (as users have reported them)
         ("slurmstepd: error: Detected 1 oom_kill event in StepId=12.0. Some of the step tasks have been OOM Killed.\n"
          "srun: error: n2: task 3: Out Of Memory\n", {}, 3, "n2",
@@ -266,7 +266,7 @@ RESTARTED = "cluster.attempts: attempt 0 failed (exit 137; rank 2 on n2): ...\nc
         # after a restart, what srun said of the attempts before is theirs
         ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED, {}, 2, "n3", ""),
         ("srun: error: n2: tasks 2-3: Killed\n" + RESTARTED + "srun: error: n3: task 2: Terminated\n", {}, 2, "n3",
-         "killed by SIGTERM: sent to the job"),
+         "killed by SIGTERM: sent to the whole job (the step ended)"),
     ],
 )  # fmt: skip
 def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, rank, node, want, tmp_path):
@@ -427,3 +427,53 @@ def test_the_rules_judge_made_up_evidence_without_a_file():
     first, cascade = triage([culprit, peer], hang, lambda r: stacks_of[r.rank])
     assert hang["culprits"] == [0] and first["rank"] == 0 and first["state"] == "stalled" and first["time"] == 90.0
     assert "train.py:35 in main" in first["error"] and cascade == {"stall watchdog fired": [1]}
+
+
+# Issue 76: rank 1 on n2 SIGKILLed; its log went on after its death (its leftovers' lines, the
+# stamper's note of them, stamped 0.61 s on), past srun's SIGTERM to rank 0 on n1 at 0.59 s.
+SIGKILLED_RANK_1 = "srun: error: n2: task 1: Killed\nsrun: error: n1: task 0: Terminated\n"
+SIGKILLED_RANK_1_TORCHRUN = "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n"
+AGENT_OF_N2 = AGENT_REPORT.replace("rank      : 3", "rank      : 1")
+
+
+@pytest.mark.parametrize(
+    "batch_log, plan, agent_log, peer",
+    [
+        (SIGKILLED_RANK_1, {}, None, {}),  # per_task: srun's account of each rank
+        (SIGKILLED_RANK_1, {}, None, {"error": "RuntimeError: Connection closed by peer", "error_time": 100.55}),
+        (SIGKILLED_RANK_1_TORCHRUN, TORCHRUN, AGENT_OF_N2, {}),  # an agent a node: its account of rank 1
+        ("cluster.controller: task 1: Killed\ncluster.controller: task 0: Terminated\n", {}, None, {}),  # local
+    ],
+)  # fmt: skip
+def test_a_rank_ended_by_a_signal_sent_to_the_whole_job_is_never_the_culprit(batch_log, plan, agent_log, peer,
+                                                                           tmp_path):  # fmt: skip
+    """Whatever the stamps say: the peer that srun ended (SIGTERM) or that failed on the dead
+    rank's absence is in the cascade; rank 1, killed otherwise, is the first failure, and the
+    record says why."""
+    from cluster.logs.kills import scheduler_kill
+    from cluster.logs.reader import RankEvidence
+    from cluster.logs.rules import Judging, rank_state, triage
+
+    job_dir = tmp_path / "job" / "12"
+    job_dir.mkdir(parents=True)
+    (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
+    if agent_log:
+        (job_dir / "node_00000.log").write_text("")
+        (job_dir / "node_00001.log").write_text(agent_log)
+    kills = scheduler_kill(JobDir(job_dir), plan, JobDir(job_dir).names())
+    judging = Judging(False, 200.0, 300.0, True, kills, lambda: ("no log", ""))
+    nodes = {0: "n1", 1: "n2"}
+
+    def judged(rank, last_time, mtime, **scan):
+        scan = {"last_time": last_time, "stalled": None, "signal": None, "mtime": mtime, **scan}
+        return rank_state(RankEvidence(rank=rank, node=rank, node_name=nodes[rank], logs=["r.log"], scan=scan,
+                                       trained=True, progress=last_time, last_step=120), judging)  # fmt: skip
+
+    dead = judged(1, 100.61, 100.61)  # its last line: the stamper's note, after the peer's SIGTERM
+    alive = judged(0, 100.587, 100.59, **peer)
+    first, cascade = triage([alive, dead])
+    assert first["rank"] == 1 and first["node"] == 1, first
+    assert "SIGKILL" in first["error"] and "SIGKILL" in first["evidence"]
+    assert sum(cascade.values(), []) == [0]
+    if not peer:
+        assert alive.job_wide and "1 rank(s) ended by a signal sent to the whole job" in first["evidence"]
