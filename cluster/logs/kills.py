@@ -113,7 +113,9 @@ def agent_kills(job_dir: JobDir, names: set[str]) -> dict[tuple[int, int], str]:
     for attempt, path in job_dir.agent_log_files(names):
         with open(path, errors="replace") as log:
             for rank, sig in AGENT_SAW.findall(log.read()[-65536:]):
-                out[(attempt, int(rank))] = f"killed by {sig} (its torchrun agent's account)"
+                # its agent's SIGTERM: the agent ends its workers once one failed, or when srun ends it
+                whole = f": {JOB_WIDE} (the agent ended its workers)" if sig == "SIGTERM" else ""
+                out[(attempt, int(rank))] = f"killed by {sig} (its torchrun agent's account){whole}"
     return out
 
 

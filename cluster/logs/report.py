@@ -40,6 +40,7 @@ class RankReport:
     # ended only by a signal sent to every task (the step's end, a cancel, the time limit):
     # in the cascade of any rank that ended otherwise, whatever the stamps (cluster.logs.kills)
     job_wide: bool = False
+    node_name: str | None = None  # the scheduler's name of the node it ran on (SLURMD_NODENAME), in its last attempt
 
 
 @dataclass

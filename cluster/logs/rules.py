@@ -49,7 +49,7 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
     scan = ev.scan
     rep = RankReport(rank=ev.rank, node=ev.node, host=ev.host, gpu=ev.gpu, pid=ev.pid, last_step=ev.last_step,
                      last_loss=ev.last_loss, last_time=ev.latest, last_progress=ev.progress,
-                     checkpoint_error=ev.checkpoint_error)  # fmt: skip
+                     checkpoint_error=ev.checkpoint_error, node_name=ev.node_name)  # fmt: skip
     rep.attempts = max(1, len(ev.logs))
     rep.log = ev.logs[-1] if ev.logs else ""
     if scan.get("last_time"):
@@ -169,6 +169,7 @@ def triage(
     failure = {
         "rank": first.rank,
         "node": first.node,
+        "node_name": first.node_name,
         "host": first.host,
         "gpu": first.gpu,
         "state": first.state,

@@ -109,6 +109,9 @@ def the_failure(job_dir: JobDir, attempt: dict) -> dict:
     first = report.first_failure or {}
     started = any(r.rank == first.get("rank") and r.pid is not None for r in report.ranks)
     index = first.get("node") if started else None  # a rank that never started names no node
+    # Where it ran, as its start record says: torchrun's agents number the nodes in the order
+    # they joined, not SLURM's (issue 76's soak: rank 0 on n2, the plan's n1 excluded)
+    ran_on = first.get("node_name") if started and first.get("node_name") in nodes else None
     hang = bool(report.hang and report.hang.get("culprits"))
     mine = attempt_records(job_dir, report.world_size, since)
     steps = [r["step"] for records in mine.values() for r in records if r["event"] in ("step", "first_step")]
@@ -117,7 +120,7 @@ def the_failure(job_dir: JobDir, attempt: dict) -> dict:
     trained = any(r["event"] in ("first_step", "step") for r in culprit)
     return {
         "rank": first.get("rank"),
-        "node": nodes[index] if isinstance(index, int) and 0 <= index < len(nodes) else None,
+        "node": ran_on or (nodes[index] if isinstance(index, int) and 0 <= index < len(nodes) else None),
         "error": first.get("error") or "",
         "evidence": first.get("evidence"),  # what decided the culprit (cluster.logs.rules.evidence)
         "failed_at": first.get("time"),
