@@ -134,6 +134,20 @@ def run(kills: int, seed: int) -> dict:
             p.wait()
 
 
+def table(out: dict) -> list[str]:
+    """The soak's counts as a markdown table, a row per launch mode."""
+    rows = ["A random rank SIGKILLed in each attempt of a 2-node job with a spare, beside two `yes`:", "",
+            "| launch mode | kills | culprit right (rank and node) | nodes excluded right | DCP writer gone after its rank "
+            "| resumed from the checkpoint left |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for mode, r in out.items():
+        gone = [t for t in r["writer_gone_s"] if t is not None]
+        late = len(r["writer_gone_s"]) - len(gone)
+        writer = f"at most {max(gone):.2f} s ({late} not within {WRITER_GONE_S:g} s)" if r["writer_gone_s"] else "-"
+        resumed = f"{sum(a == b for a, b in r['resumed'])} of {len(r['resumed'])}" if r["resumed"] else "-"
+        rows.append(f"| {mode} | {r['kills']} | {r['culprit_right']} | {r['excluded_right']} | {writer} | {resumed} |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.culprits", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
@@ -143,11 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     out = run(args.kills, args.seed)
     if args.json:
         print(json.dumps(out, indent=1))
-    for mode, r in out.items():
-        print(f"{mode}: {r['kills']} kills, culprit right {r['culprit_right']}, excluded right {r['excluded_right']}"
-              + (f", resumed from the checkpoint left {sum(a == b for a, b in r['resumed'])} of {len(r['resumed'])}" if r["resumed"] else "")
-              + (f", writer gone in at most {max(s for s in r['writer_gone_s'] if s is not None)} s"
-                 f" ({sum(s is None for s in r['writer_gone_s'])} not within {WRITER_GONE_S:g} s)" if r["writer_gone_s"] else ""))  # fmt: skip
+    print("\n".join(table(out)))
     right = all(r["culprit_right"] == r["excluded_right"] == r["kills"] for r in out.values())
     return 0 if right and all(a == b for r in out.values() for a, b in r["resumed"]) else 1
 

@@ -23,7 +23,7 @@ import matplotlib
 import matplotlib.pyplot as plt
 import torch
 
-from bench import checkpoints, failures, pages, restart_bench, snapshot_cost
+from bench import checkpoints, culprits, failures, pages, restart_bench, snapshot_cost
 from bench.gpu import table as gpu_table
 from bench.runs import run_ranks
 from bench.scaling.plot import plot as plot_scaling
@@ -378,6 +378,8 @@ def render_markdown(r: dict) -> str:
                   f"ranks killed at exponential times of mean {f['mtbf_s']:g} s ({f['kills']} failures): measured ETTR "
                   f"**{f['measured_ettr']:.3f}**, predicted from its own costs and the failure rate **{f['predicted_ettr']:.3f}** "
                   f"({f['error_points']:.1f} points off; goal within 3), the replay of its failure times {f['replayed_ettr']:.3f}.", ""]  # fmt: skip
+    if (k := r.get("culprits")) and "error" not in k:
+        lines += ["", "## The first failure under load (`python -m bench.culprits`)", "", *culprits.table(k), ""]
     if (c := r.get("checkpoints")) and "error" not in c:
         lines += ["", "## Checkpoints: what a save stops the loop for (`python -m bench.checkpoints`)", "",
                   *checkpoints.table(c), "", "Goal: at 1 GB and more, asynchronous blocking <= 10 % of a synchronous save.", ""]  # fmt: skip
@@ -491,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         "restarts": None if args.quick or not shutil.which("sbatch") else guarded(restart_costs, rounds),
         # the simulator against a job whose nodes fail at random: 18 minutes of the minicluster
         "failures": None if args.quick or not minicluster.is_up() else guarded(failures.run, 15.0, 120.0, 1),
+        # the first failure under load: 20 random SIGKILLs in each launch mode beside two yes, ~20 minutes
+        "culprits": None if args.quick or not minicluster.is_up() else guarded(culprits.run, 20, 1),
         "gpu": gpu_bench(rounds),
         "scaling": None if args.quick else guarded(scaling_study),
         "snapshots": guarded(snapshot_costs, rounds, args.quick),
