@@ -188,7 +188,7 @@ def say_stacks_of_the_sessions_processes(item) -> None:
         terminal.write((dump.stdout or dump.stderr or "(no Python stack)\n")[-6000:] + "\n")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a GPU box's own interpreter may lack pytest-timeout
 def pytest_timeout_set_timer(item, settings):
     """pytest-timeout's signal method, with the session's processes' stacks before its own."""
     import signal

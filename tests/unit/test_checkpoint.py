@@ -59,3 +59,50 @@ def test_a_non_finite_state_is_never_saved_and_latest_stays_finite(tmp_path):
     assert latest_checkpoint_step(tmp_path) == 4 and not (tmp_path / "checkpoints" / "step_0000005").exists()
     extra = torch.load(tmp_path / "checkpoints" / "step_0000004" / "extra_rank00000.pt", weights_only=False)
     assert extra["step"] == 4
+
+
+def test_a_writer_that_does_not_start_is_agreed_on_and_every_rank_saves_synchronously(tmp_path, monkeypatch):
+    """The warm-up's writer never started (issue 75: a peer's writer could not bind its port, and
+    this one waited for it): past the limit, finish says so as a Written of step None, once every
+    rank agreed (here one rank: ``ok_everywhere`` passes its flag on); the caller saves
+    synchronously from then on. Where every rank's writer started, nothing is said."""
+    from concurrent.futures import Future
+
+    monkeypatch.setattr(checkpoint, "WRITER_START_LIMIT_S", 0.05)
+    saver = checkpoint.AsyncSaver(tmp_path, torch.device("cpu"))
+    never = Future()  # a writer still starting: its future never completes
+    saver.pending = (None, never, None, 0.0)
+    agreed = []
+    written = saver.finish(lambda ok: agreed.append(ok) or ok)
+    assert agreed == [False] and written.step is None and "did not start in 0 s" in written.error
+    started = Future()
+    started.set_result(None)
+    saver.pending = (None, started, None, 0.0)
+    assert saver.finish(lambda ok: ok) is None
+    saver.pending = (None, started, None, 0.0)  # this rank's started, another's did not
+    assert saver.finish(lambda ok: False).error == "another rank's writing process did not start"
+    saver.close()
+
+
+def test_the_writers_port_is_free_and_below_the_ephemeral_range():
+    """DCP's writers meet on a port no outgoing connection takes between its pick and its bind."""
+    from train import dcp_writer
+
+    low = int(open(dcp_writer.EPHEMERAL_RANGE).read().split()[0])
+    port = dcp_writer.port_below_ephemeral()
+    assert low - dcp_writer.PORTS_BELOW <= port < low
+
+
+def test_the_watched_writer_is_torchs_own_where_this_torch_has_one():
+    """install() puts the kit's writer in torch's place, once, and the port picker beside it."""
+    from torch.distributed.checkpoint import _async_process_executor as executor
+
+    from train import dcp_writer
+
+    assert dcp_writer.install() and dcp_writer.install()
+    watched = executor._AsyncCheckpointProcess
+    assert watched._kit_watched.__name__ == "_AsyncCheckpointProcess" and issubclass(watched, watched._kit_watched)
+    assert (
+        watched._checkpointing_subprocess is dcp_writer._serve
+        and executor.get_free_port is dcp_writer.port_below_ephemeral
+    )
