@@ -47,11 +47,12 @@ def install() -> bool:
     except ImportError:
         return False
     base = getattr(executor, "_AsyncCheckpointProcess", None)
-    if base is None or not hasattr(executor, "get_free_port"):
+    if base is None:
         return False
     if not issubclass(base, _watched_base(base)):
         executor._AsyncCheckpointProcess = _watched_class(base)
-    executor.get_free_port = port_below_ephemeral
+    if hasattr(executor, "get_free_port"):  # where this torch picks the writers' port so
+        executor.get_free_port = port_below_ephemeral
     return True
 
 
