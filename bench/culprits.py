@@ -54,13 +54,16 @@ def submit(log_dir: Path, spec: str, *overrides: str) -> JobDir:
     return JobDir(Path(json.loads(done.stdout.splitlines()[0])["log_dir"]))
 
 
-def trained_in(job: JobDir, attempt: int) -> dict[int, dict] | None:
-    """Each rank's start record of ``attempt`` once every rank has trained in it, else None."""
+def trained_in(job: JobDir, attempt: int, saved: bool = False) -> dict[int, dict] | None:
+    """Each rank's start record of ``attempt`` once every rank has trained in it (``saved``: and
+    written a checkpoint in it, so that the next attempt has one of this one's to resume from),
+    else None."""
     starts = {}
+    wanted = ("checkpoint_written",) if saved else ("first_step", "step")
     for rank in range(job.world_size()):
         records = job.records(rank)
         begun = [i for i, r in enumerate(records) if r["event"] == "start"]
-        if len(begun) <= attempt or not any(r["event"] in ("first_step", "step") for r in records[begun[attempt] :]):
+        if len(begun) <= attempt or not any(r["event"] in wanted for r in records[begun[attempt] :]):
             return None
         starts[rank] = records[begun[attempt]]
     return starts
@@ -85,8 +88,9 @@ def soak(tmp: Path, mode: str, kills: int, rng: random.Random) -> dict:
     out = {"mode": mode, "job": str(job.path), "kills": 0, "culprit_right": 0, "excluded_right": 0, "wrong": [],
            "writer_gone_s": [], "resumed": []}  # fmt: skip
     try:
+        saved = mode == "per_task"
         for attempt in range(kills):
-            starts = wait_until(lambda a=attempt: trained_in(job, a), 600, f"attempt {attempt} to train", 0.5)
+            starts = wait_until(lambda a=attempt: trained_in(job, a, saved), 600, f"attempt {attempt} to train", 0.5)
             rank = rng.randrange(len(starts))
             pid = starts[rank]["pid"]
             node = (starts[rank]["env"].get("launcher_vars") or {}).get("SLURMD_NODENAME")
@@ -120,14 +124,14 @@ def soak(tmp: Path, mode: str, kills: int, rng: random.Random) -> dict:
     return out
 
 
-def run(kills: int, seed: int) -> dict:
+def run(kills: int, seed: int, modes: tuple[str, ...] = tuple(MODES)) -> dict:
     if not minicluster.is_up():
         raise SystemExit("the minicluster is not up: make minicluster")
     rng = random.Random(seed)
     load = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(2)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            return {mode: soak(Path(tmp), mode, kills, rng) for mode in MODES}
+            return {mode: soak(Path(tmp), mode, kills, rng) for mode in modes}
     finally:
         for p in load:
             p.kill()
@@ -143,7 +147,9 @@ def table(out: dict) -> list[str]:
         gone = [t for t in r["writer_gone_s"] if t is not None]
         late = len(r["writer_gone_s"]) - len(gone)
         writer = f"at most {max(gone):.2f} s ({late} not within {WRITER_GONE_S:g} s)" if r["writer_gone_s"] else "-"
-        resumed = f"{sum(a == b for a, b in r['resumed'])} of {len(r['resumed'])}" if r["resumed"] else "-"
+        resumed = (
+            f"{sum(a is not None and a == b for a, b in r['resumed'])} of {len(r['resumed'])}" if r["resumed"] else "-"
+        )
         rows.append(f"| {mode} | {r['kills']} | {r['culprit_right']} | {r['excluded_right']} | {writer} | {resumed} |")
     return rows
 
@@ -152,14 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.culprits", description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    out = run(args.kills, args.seed)
+    out = run(args.kills, args.seed, tuple(args.modes))
     if args.json:
         print(json.dumps(out, indent=1))
     print("\n".join(table(out)))
     right = all(r["culprit_right"] == r["excluded_right"] == r["kills"] for r in out.values())
-    return 0 if right and all(a == b for r in out.values() for a, b in r["resumed"]) else 1
+    return 0 if right and all(a is not None and a == b for r in out.values() for a, b in r["resumed"]) else 1
 
 
 if __name__ == "__main__":
