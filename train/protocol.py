@@ -139,6 +139,9 @@ def never_joined(text: str) -> list[int]:
 
 # ----------------------------------------------------------------------------- timestamps
 STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"
+# The output stamper's note, once the rank is gone, of what it left running (train.stamper):
+# after the rank's death, so never the rank's own signal (cluster.logs.scan).
+LEFTOVERS = "the rank is gone; what it started still runs"  # the note, with the pids
 STAMP_LENGTH = len("2026-01-01T00:00:00.000 ")
 STAMPED = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")  # what stamp() puts before a line
 STAMPED_BYTES = re.compile(STAMPED.pattern.encode())

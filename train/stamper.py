@@ -40,7 +40,7 @@ import sys
 import time
 
 from train.metrics import MetricsTap
-from train.protocol import PROGRESS_FORMAT, STAMP_LENGTH, STAMPED_BYTES, stamp, strip_stamp
+from train.protocol import LEFTOVERS, PROGRESS_FORMAT, STAMP_LENGTH, STAMPED_BYTES, stamp, strip_stamp
 
 # faulthandler's line forms (CPython's faulthandler.c and traceback.c), and blank lines.
 FAULTHANDLER = re.compile(
@@ -56,7 +56,6 @@ OWN_LINE = re.compile(
     + STAMPED_BYTES.pattern
 )
 DECIDE_AFTER_S = 0.2  # a partial line (a progress bar) waits this long for the bytes that decide it
-LEFTOVERS = "the rank is gone; what it started still runs"  # the note, with the pids
 KILL_WAIT_S = 5.0  # from SIGTERM to SIGKILL for what the rank left, as SLURM's KillWait on the minicluster
 LINE_LIMIT = 1 << 16  # a "line" longer than this without an end is not read for metrics
 LINE_END = re.compile(rb"[\r\n]")

@@ -16,13 +16,14 @@ from datetime import datetime
 from pathlib import Path
 
 from cluster.logs.stacks import LIBRARY_PATH, stack_in
-from train.protocol import STAMP_LENGTH, strip_stamp
+from train.protocol import LEFTOVERS, STAMP_LENGTH, strip_stamp
 
 # What "Traceback (most recent call last):" and faulthandler's "(most recent call first):"
 # (stack dumps on SIGTERM, fatal signals, snapshots, the stall watchdog) have in common.
 CALL_ORDER = b"(most recent call "
 READ_LIMIT = 64 << 20
 SIGNAL_WORDS = (b"Fatal Python error: ", b"Killed", b"Terminated", b"SIGKILL", b"SIGTERM")
+LEFTOVERS_BYTES = LEFTOVERS.encode()
 # A process that finished its work can still die in interpreter finalization (gloo's threads:
 # libstdc++'s "terminate called ..."); the kit's ranks leave without it, a user's may not.
 EXIT_CRASH = (b"terminate called", b"Fatal Python error", b"Segmentation fault", b"Aborted")
@@ -159,6 +160,17 @@ def scan_log(path: str | Path | None, completed: bool = False, progress: float |
     return out
 
 
+# The outermost frame of a traceback that a multiprocessing child printed ("Process
+# SpawnProcess-1:" before it): the child's error, not the rank's. DCP's writing process prints
+# one (EOFError) into the rank's log once a SIGKILL took its rank, after the rank's death.
+CHILD_BOOTSTRAP = re.compile(rb'\A[^\n]*\n[^\n]*multiprocessing[/\\]process\.py", line \d+, in _bootstrap')
+
+
+def of_a_child(buf, hit: int) -> bool:
+    """Whether the traceback whose "(most recent call " is at ``hit`` is a multiprocessing child's."""
+    return CHILD_BOOTSTRAP.match(bytes(buf[hit : hit + 400])) is not None
+
+
 def search(buf, out: dict, after: float | None) -> None:
     """``scan_log``'s findings in a log's bytes (or the part of it that can hold them); a
     traceback stamped before ``after`` is one the rank lived past."""
@@ -169,7 +181,7 @@ def search(buf, out: dict, after: float | None) -> None:
     hit = find_call_order(buf, 0)
     while hit != -1 and traceback == -1:
         if buf[hit + len(CALL_ORDER) : hit + len(CALL_ORDER) + 5] == b"last)":
-            if buf[hit - 10 : hit] == b"Traceback " and not lived_past(buf, hit, after):
+            if buf[hit - 10 : hit] == b"Traceback " and not lived_past(buf, hit, after) and not of_a_child(buf, hit):
                 traceback = hit - 10
         else:
             dump = True
@@ -188,6 +200,8 @@ def search(buf, out: dict, after: float | None) -> None:
     window = max(0, len(buf) - 65536)  # no exception: look for signs of a signal near the end
     for word in SIGNAL_WORDS:
         at = buf.rfind(word, window)
+        while at != -1 and LEFTOVERS_BYTES in line_at(buf, at):  # the stamper's SIGTERM to what the rank left
+            at = buf.rfind(word, window, at)
         if at != -1:
             out["signal"] = strip_stamp(line_at(buf, at).decode(errors="replace")).strip()
             return

@@ -30,8 +30,7 @@ from tests.support.jobs import (
     wait_nothing_left,
 )
 from train.output import STAMPER_GONE
-from train.protocol import STAMPED
-from train.stamper import LEFTOVERS
+from train.protocol import LEFTOVERS, STAMPED
 
 pytestmark = pytest.mark.clients
 

@@ -11,8 +11,7 @@ from cluster.jobdir import JobDir
 from cluster.system.poll import wait_until
 from cluster.system.processes import alive, command_line
 from tests.conftest import run_module
-from train.protocol import read_records, record_name
-from train.stamper import LEFTOVERS
+from train.protocol import LEFTOVERS, read_records, record_name
 
 
 def submit(job: str, log_dir: Path, *overrides: str, wait: bool = True, timeout: float = 300):

@@ -477,3 +477,30 @@ def test_a_rank_ended_by_a_signal_sent_to_the_whole_job_is_never_the_culprit(bat
     assert sum(cascade.values(), []) == [0]
     if not peer:
         assert alive.job_wide and "1 rank(s) ended by a signal sent to the whole job" in first["evidence"]
+
+
+def test_a_childs_traceback_and_the_stampers_note_are_not_the_ranks_end(tmp_path):
+    """A rank SIGKILLed while DCP's writing process ran: the writer's EOFError traceback
+    (multiprocessing's "Process SpawnProcess-1:") and the stamper's note of the SIGTERM it sent
+    what the rank left came after the rank's death, into its log: neither is the rank's error or
+    signal, and srun's "Killed" names its end (issue 76)."""
+    from cluster.logs.scan import scan_log
+    from train.protocol import LEFTOVERS
+
+    log = tmp_path / "rank_00001.log"
+    log.write_text(
+        "2026-12-06T23:00:51.100 step 120\n"
+        "2026-12-06T23:00:51.346 Process SpawnProcess-1:\n"
+        f"2026-12-06T23:00:51.375 kit: {LEFTOVERS} (pid 29297, 29298): SIGTERM to them\n"
+        "2026-12-06T23:00:51.375 Traceback (most recent call last):\n"
+        '  File "/usr/lib/python3.11/multiprocessing/process.py", line 314, in _bootstrap\n'
+        "2026-12-06T23:00:51.375     self.run()\n"
+        '  File "/usr/lib/python3.11/multiprocessing/connection.py", line 399, in _recv\n'
+        "2026-12-06T23:00:51.375     raise EOFError\n"
+        "2026-12-06T23:00:51.375 EOFError\n"
+    )
+    scan = scan_log(log)
+    assert scan["error"] is None and scan["signal"] is None
+    own = tmp_path / "rank_00000.log"  # the rank's own traceback is its error still
+    own.write_text(log.read_text().replace("multiprocessing/process.py", "train.py"))
+    assert scan_log(own)["error"] == "EOFError"

@@ -16,8 +16,8 @@ from cluster.system.processes import alive
 from tests.conftest import ROOT
 from tests.support.jobs import wait_for_line
 from train.output import STAMPER_GONE
-from train.protocol import STAMPED
-from train.stamper import KILL_WAIT_S, LEFTOVERS, Sink, Stream
+from train.protocol import LEFTOVERS, STAMPED
+from train.stamper import KILL_WAIT_S, Sink, Stream
 
 C_LEVEL = r"""
 import ctypes, os, sys
