@@ -3,7 +3,8 @@
 
 A 2-node job (2 ranks a node) with a spare and ``--kills`` restarts trains beside two ``yes >
 /dev/null``; in each attempt, once every rank has trained, one rank chosen at random is
-SIGKILLed, as a person or the OOM killer would. srun then ends the others (SIGTERM), and the
+SIGKILLed, as a person or the OOM killer would (in the per_task mode mid-save: its DCP writer
+held with SIGSTOP until the rank waits on it, then let go once the rank is killed). srun then ends the others (SIGTERM), and the
 kit triages the attempt and restarts. Counted: the kills, the attempts whose culprit is the
 killed rank on its node, and those whose excluded nodes are the killed rank's node or none (once the
 spare is used, the kit restarts on the same nodes). Both launch modes: the built-in trainer
@@ -73,6 +74,14 @@ def writer_of(pid: int) -> int | None:
     return next((c for c in children().get(pid, []) if "spawn_main" in command_line(c)), None)
 
 
+def waiting_on_its_save(pid: int) -> bool:
+    """The rank's main thread waits for its save in flight (its stack, read by py-spy)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    dump = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+    main = dump.stdout.split("\nThread ")[1] if "\nThread " in dump.stdout else ""
+    return "finish (train/checkpoint.py" in main
+
+
 def ended(job: JobDir, attempt: int) -> dict | None:
     return next((r for r in history(job) if r["event"] == "end" and r["attempt"] == attempt), None)
 
@@ -95,7 +104,15 @@ def soak(tmp: Path, mode: str, kills: int, rng: random.Random) -> dict:
             pid = starts[rank]["pid"]
             node = (starts[rank]["env"].get("launcher_vars") or {}).get("SLURMD_NODENAME")
             writer = writer_of(pid) if mode == "per_task" else None
+            if writer is not None:  # mid-save: the writer held (a stalled file system), the rank waiting on it
+                os.kill(writer, signal.SIGSTOP)
+                try:
+                    wait_until(lambda p=pid: waiting_on_its_save(p), 300, "the rank to wait on its save", 0.5)
+                except WaitTimeout:
+                    say(f"rank {rank} did not come to wait on its save: killed all the same")
             os.kill(pid, signal.SIGKILL)
+            if writer is not None:
+                os.kill(writer, signal.SIGCONT)
             killed_at = time.monotonic()
             out["kills"] += 1
             if writer is not None:
