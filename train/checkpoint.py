@@ -149,8 +149,10 @@ WARM_UP = ".warm-up"  # the writing process's first, empty save (AsyncSaver.warm
 
 
 # How long a rank waits for its writing process to start (a fresh interpreter importing torch:
-# seconds, a minute on a loaded machine) before the ranks agree to save synchronously.
-WRITER_START_LIMIT_S = 300.0
+# seconds, tens of them on a loaded machine) before the ranks agree to save synchronously; less
+# where the stall watchdog or the collectives' timeout would fire first (AsyncSaver's start_limit_s:
+# a rank whose writer failed at once waits that long for its peers in the agreement's all_reduce).
+WRITER_START_LIMIT_S = 90.0
 
 
 @dataclass
@@ -173,8 +175,12 @@ class AsyncSaver:
     only when every rank's part is written, as a synchronous save's; one that failed on any rank
     leaves the previous checkpoint latest and is reported (``Written.error``)."""
 
-    def __init__(self, ckpt_dir: Path, device: torch.device, unwritable_at: int | None = None):
+    def __init__(
+        self, ckpt_dir: Path, device: torch.device, unwritable_at: int | None = None,
+        start_limit_s: float = WRITER_START_LIMIT_S,
+    ):  # fmt: skip
         self.dir, self.device, self.unwritable_at = ckpt_dir, device, unwritable_at
+        self.start_limit_s = start_limit_s
         self.pending: tuple[int, Future, Future, float] | None = None  # step, DCP's write, the extras', start
         self.stager = None
         self.extras_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kit-ckpt-extras")
@@ -210,13 +216,13 @@ class AsyncSaver:
         self.pending = None
         error = None
         try:
-            future.result(timeout=WRITER_START_LIMIT_S if step is None else None)
+            future.result(timeout=self.start_limit_s if step is None else None)
             if written is not None:
                 written.result()
         except (KeyboardInterrupt, SystemExit):
             raise
         except TimeoutError:
-            error = f"DCP's writing process did not start in {WRITER_START_LIMIT_S:.0f} s"
+            error = f"DCP's writing process did not start in {self.start_limit_s:.0f} s"
         except BaseException as exc:  # disk full, an unwritable directory (DCP's CheckpointException is a
             error = why_not_written(exc)  # BaseException): named, and training goes on
         write_s = time.perf_counter() - started

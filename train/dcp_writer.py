@@ -124,7 +124,7 @@ def port_below_ephemeral() -> int:
         low = int(open(EPHEMERAL_RANGE).read().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
-    ports = list(range(max(1024, low - PORTS_BELOW), low))
+    ports = list(range(max(1024, low - PORTS_BELOW), low))  # none where the range starts at 1024
     random.shuffle(ports)
     for port in ports:
         with socket.socket() as s:
@@ -133,7 +133,9 @@ def port_below_ephemeral() -> int:
             except OSError:
                 continue
             return port
-    raise OSError(f"no free port in {ports[0]}-{ports[-1]} for DCP's writing processes")
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    return get_free_port()  # none free there: torch's own pick, as without the kit
 
 
 def stop() -> None:
@@ -164,7 +166,7 @@ def _end(writer) -> None:
         process.join(timeout=STOP_WAIT_S)
     if process.is_alive():
         process.kill()
-        process.join()
+        process.join(timeout=STOP_WAIT_S)  # one in uninterruptible sleep (a hung file system) is left to the kernel
 
 
 def writer_terminate():

@@ -361,7 +361,9 @@ class Checkpointer:
         self.dir, self.trainable, self.scaler, self.layout = ckpt_dir, trainable, scaler, layout
         self.writer, self.say, self.stop_on_nonfinite, self.device = writer, say, t.stop_on_nonfinite, device
         self.unwritable_at = t.unwritable_ckpt_at_step
-        self.saver = checkpoint.AsyncSaver(ckpt_dir, device, self.unwritable_at) if t.ckpt_async else None
+        # its writer's start waited for less than the stall watchdog and a collective would
+        limit = min(checkpoint.WRITER_START_LIMIT_S, t.timeout_s / 2, (t.stall_timeout_s or math.inf) / 2)
+        self.saver = checkpoint.AsyncSaver(ckpt_dir, device, self.unwritable_at, limit) if t.ckpt_async else None
         if self.saver is not None:
             self.saver.warm_up()
 

@@ -76,7 +76,9 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
     launcher = ((plan or {}).get("program") or {}).get("launcher")
     kills = SchedulerKills(per_rank=launcher != "torchrun")
     by_words = {signal.strsignal(sig): sig for sig in signal.Signals}
+    first = None  # the task the account names first as ending otherwise than well: what ended the step
     for node, tasks, words in re.findall(r"(?:(\S+): )?tasks? ([\d\-,]+): (.+)$", text, re.M):
+        first = task_numbers(tasks)[0] if first is None and task_numbers(tasks) else first
         reason = ""
         if words == OUT_OF_MEMORY:
             reason = "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"
@@ -86,6 +88,10 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
                 why = f"{TIME_LIMIT_SIGNAL}; the program has no handler"
             elif sig == signal.SIGTERM:  # srun's (or the local launcher's) end of the step's other tasks
                 why = f"{JOB_WIDE} (the step ended)"
+            elif sig == signal.SIGKILL and kills.per_rank and first not in (None, *task_numbers(tasks)):
+                # after another task's end: the step's SIGKILL to a task that outlived its SIGTERM
+                # (srun's KillWait), or a kill during the teardown; the first task's end is the cause
+                why = f"{JOB_WIDE} (the step ended after task {first}'s end)"
             else:  # SIGKILL, SIGSEGV...: the OOM killer, a person, the program; not the step's end
                 why = ""
             reason = f"killed by {sig.name}: {why}" if why else f"killed by {sig.name}"

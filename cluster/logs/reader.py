@@ -71,7 +71,8 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
             elif event == "preempted" and ev.preempted is None:
                 ev.preempted = rec
             elif event == "checkpoint_failed":
-                ev.checkpoint_error = f"step {rec.get('step')}: {rec.get('error')}"
+                where = "the writing process" if rec.get("step") is None else f"step {rec.get('step')}"
+                ev.checkpoint_error = f"{where}: {rec.get('error')}"
         if step:
             ev.last_step, ev.last_loss = step["step"], step.get("local_loss", step.get("train_loss"))
         # The built-in trainer's last step record says final; a user's program has an end record,

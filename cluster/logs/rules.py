@@ -97,9 +97,11 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
             else:
                 rep.error = said or "ended without an error message (killed by a signal?)"
             # The launcher's account first; without one, its own log's last words of a SIGTERM
-            rep.job_wide = job.killed_by.job_wide(ev.rank, ev.node_name, attempt) if account else (
-                bool(said) and ("SIGTERM" in said or "Terminated" in said)
-            )  # fmt: skip
+            rep.job_wide = bool(end and end.get("terminated")) or (
+                job.killed_by.job_wide(ev.rank, ev.node_name, attempt)
+                if account
+                else bool(said) and ("SIGTERM" in said or "Terminated" in said)
+            )
             if rep.job_wide or not account:
                 # Its last words (a stack dump on SIGTERM) carry no stamp: the log's last write
                 # dates the end, after the error of a peer that made the launcher kill it. Not a

@@ -61,15 +61,14 @@ def test_a_non_finite_state_is_never_saved_and_latest_stays_finite(tmp_path):
     assert extra["step"] == 4
 
 
-def test_a_writer_that_does_not_start_is_agreed_on_and_every_rank_saves_synchronously(tmp_path, monkeypatch):
+def test_a_writer_that_does_not_start_is_agreed_on_and_every_rank_saves_synchronously(tmp_path):
     """The warm-up's writer never started (issue 75: a peer's writer could not bind its port, and
     this one waited for it): past the limit, finish says so as a Written of step None, once every
     rank agreed (here one rank: ``ok_everywhere`` passes its flag on); the caller saves
     synchronously from then on. Where every rank's writer started, nothing is said."""
     from concurrent.futures import Future
 
-    monkeypatch.setattr(checkpoint, "WRITER_START_LIMIT_S", 0.05)
-    saver = checkpoint.AsyncSaver(tmp_path, torch.device("cpu"))
+    saver = checkpoint.AsyncSaver(tmp_path, torch.device("cpu"), start_limit_s=0.05)
     never = Future()  # a writer still starting: its future never completes
     saver.pending = (None, never, None, 0.0)
     agreed = []

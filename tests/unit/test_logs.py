@@ -469,7 +469,7 @@ def test_a_rank_ended_by_a_signal_sent_to_the_whole_job_is_never_the_culprit(bat
         return rank_state(RankEvidence(rank=rank, node=rank, node_name=nodes[rank], logs=["r.log"], scan=scan,
                                        trained=True, progress=last_time, last_step=120), judging)  # fmt: skip
 
-    dead = judged(1, 100.61, 100.61)  # its last line: the stamper's note, after the peer's SIGTERM
+    dead = judged(1, 100.3, 100.61)  # its last line 100.3; its log written on after its death
     alive = judged(0, 100.587, 100.59, **peer)
     first, cascade = triage([alive, dead])
     assert first["rank"] == 1 and first["node"] == 1, first
@@ -504,3 +504,29 @@ def test_a_childs_traceback_and_the_stampers_note_are_not_the_ranks_end(tmp_path
     own = tmp_path / "rank_00000.log"  # the rank's own traceback is its error still
     own.write_text(log.read_text().replace("multiprocessing/process.py", "train.py"))
     assert scan_log(own)["error"] == "EOFError"
+
+
+def test_a_peer_that_outlived_its_sigterm_is_the_cascade_of_the_rank_that_raised(tmp_path):
+    """Rank 1 raised (srun: exit code 1, named first); srun ended the step, and rank 0, stuck in
+    a collective since its last line (before rank 1's traceback), outlived its SIGTERM and was
+    SIGKILLed KillWait later: srun's "Killed" for it comes after rank 1's end, so it is the
+    step's end, not a cause, and rank 1's ValueError is the first failure."""
+    from cluster.logs.kills import scheduler_kill
+    from cluster.logs.reader import RankEvidence
+    from cluster.logs.rules import Judging, rank_state, triage
+
+    job_dir = tmp_path / "job" / "12"
+    job_dir.mkdir(parents=True)
+    (tmp_path / "job" / "slurm-12.log").write_text(
+        "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Killed\n"
+    )
+    judging = Judging(False, 200.0, 300.0, True, scheduler_kill(JobDir(job_dir), {}, JobDir(job_dir).names()),
+                      lambda: ("no log", ""))  # fmt: skip
+    peer = rank_state(RankEvidence(rank=0, node=0, node_name="n1", logs=["r.log"], trained=True, progress=100.0,
+                                   scan={"last_time": 100.0, "mtime": 136.0}), judging)  # fmt: skip
+    raised = rank_state(RankEvidence(rank=1, node=1, node_name="n2", logs=["r.log"], trained=True, progress=100.2,
+                                     scan={"last_time": 100.5, "error": "ValueError: bad batch", "error_time": 100.5,
+                                           "frames": ['File "train.py", line 9, in step']}), judging)  # fmt: skip
+    assert peer.job_wide and "after task 1's end" in peer.error
+    first, cascade = triage([peer, raised])
+    assert (first["rank"], first["error"]) == (1, "ValueError: bad batch") and sum(cascade.values(), []) == [0]
