@@ -76,9 +76,10 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
     launcher = ((plan or {}).get("program") or {}).get("launcher")
     kills = SchedulerKills(per_rank=launcher != "torchrun")
     by_words = {signal.strsignal(sig): sig for sig in signal.Signals}
-    first = None  # the task the account names first as ending otherwise than well: what ended the step
+    # the task the account names first as ending otherwise than well: what ended the step (the
+    # local launcher names it: "task 2 exited with -9: ending the step (kill-on-bad-exit)")
+    first = int(m[1]) if (m := re.search(r"\b\w+ (\d+) exited with -?\d+: ending the step", text)) else None
     for node, tasks, words in re.findall(r"(?:(\S+): )?tasks? ([\d\-,]+): (.+)$", text, re.M):
-        first = task_numbers(tasks)[0] if first is None and task_numbers(tasks) else first
         reason = ""
         if words == OUT_OF_MEMORY:
             reason = "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"
@@ -95,6 +96,8 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
             else:  # SIGKILL, SIGSEGV...: the OOM killer, a person, the program; not the step's end
                 why = ""
             reason = f"killed by {sig.name}: {why}" if why else f"killed by {sig.name}"
+        ended_badly = bool(reason) or words.startswith("Exited with exit code")  # not "task 0: pid 41: ..."
+        first = task_numbers(tasks)[0] if first is None and ended_badly and task_numbers(tasks) else first
         kills.nodes[node] = reason
         for task in task_numbers(tasks):
             kills.tasks[task] = reason
