@@ -80,16 +80,22 @@ def assert_saves_after(records: Path, ckpt_dir: Path, published: int) -> None:
     assert int(latest(ckpt_dir).name.removeprefix("step_")) == published
 
 
-def test_a_rank_killed_mid_save_under_torchrun_takes_its_writer_and_the_run_resumes_before_it(tmp_path):
-    run = tmp_path / "run"
+def torchrun_reading(run: Path) -> tuple[subprocess.Popen, list[bytes], threading.Thread]:
+    """A 2-rank torchrun of the trainer, long, in ``run``; its output read through pipes, as the
+    suite reads a torchrun's: their end must come once the ranks are gone (issue 75's hang: a
+    writer holding them). Returns the process, its output once read, and the reader."""
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
             "-m", "train", f"train.run_dir={run}", "train.steps=100000", *RUN]  # fmt: skip
-    # Its output through pipes, as the suite reads a torchrun's: their end must come once the
-    # ranks are gone (issue 75's hang: a writer holding them).
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out: list[bytes] = []
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
     reader.start()
+    return proc, out, reader
+
+
+def test_a_rank_killed_mid_save_under_torchrun_takes_its_writer_and_the_run_resumes_before_it(tmp_path):
+    run = tmp_path / "run"
+    proc, out, reader = torchrun_reading(run)
     try:
         writer, published = kill_mid_save(run / record_name(1), run / "checkpoints", lambda: proc.poll() is None)
         wait_until(lambda: not alive(writer), WRITER_GONE_S, "rank 1's writer to end after its rank", 0.1)
@@ -116,12 +122,7 @@ def test_a_rank_killed_while_its_writer_still_starts_takes_it(tmp_path):
     writers' store, held here with SIGSTOP while it imports torch) is not yet torch's to stop,
     and reads no request, so nothing told it its rank was gone: it held torchrun's pipes."""
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={free_port()}",
-            "-m", "train", f"train.run_dir={run}", "train.steps=100000", *RUN]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    out: list[bytes] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
-    reader.start()
+    proc, out, reader = torchrun_reading(run)
     held = None
     try:
         ranks = [wait_for_step(run, rank, None, timeout=300)["pid"] for rank in (0, 1)]
