@@ -43,7 +43,7 @@ def install() -> bool:
     """Every writer this process starts from now on is watched (``WatchedWriter``) and gets a
     port below the ephemeral range. Idempotent; False where this torch has no such writer."""
     try:
-        from torch.distributed.checkpoint import _async_process_executor as executor
+        from torch.distributed.checkpoint import _async_process_executor as executor  # on use, as checkpoint's DCP
     except ImportError:
         return False
     base = getattr(executor, "_AsyncCheckpointProcess", None)
@@ -82,7 +82,9 @@ def _watched_class(base):
 
 def _serve(pg_init_info, parent_conn) -> None:
     """The writer's process: torch's, once the watch of its rank is running."""
-    from torch.distributed.checkpoint._async_process_executor import _AsyncCheckpointProcess as torchs
+    from torch.distributed.checkpoint import _async_process_executor as executor  # in the writer, once spawned
+
+    torchs = executor._AsyncCheckpointProcess  # torch's own class (or this module's, where installed there)
 
     _leave_with_parent()
     getattr(torchs, "_kit_watched", torchs)._checkpointing_subprocess(pg_init_info, parent_conn)
@@ -133,7 +135,7 @@ def port_below_ephemeral() -> int:
             except OSError:
                 continue
             return port
-    from torch.distributed.elastic.utils.distributed import get_free_port
+    from torch.distributed.elastic.utils.distributed import get_free_port  # only where no port below the range is free
 
     return get_free_port()  # none free there: torch's own pick, as without the kit
 
@@ -142,7 +144,7 @@ def stop() -> None:
     """Every writer of this rank ended, one still starting too (a save in flight is abandoned:
     its directory stays temporary, the previous checkpoint latest)."""
     try:
-        from torch.distributed.checkpoint import _async_process_executor as executor
+        from torch.distributed.checkpoint import _async_process_executor as executor  # on use, as checkpoint's DCP
     except ImportError:
         return
     writers = set(_writers)
@@ -170,15 +172,15 @@ def _end(writer) -> None:
 
 
 def writer_terminate():
-    from torch.distributed.checkpoint._async_process_executor import _CheckpointSaveProcessControlOpts
+    from torch.distributed.checkpoint import _async_process_executor as executor  # on use, as checkpoint's DCP
 
-    return _CheckpointSaveProcessControlOpts.TERMINATE
+    return executor._CheckpointSaveProcessControlOpts.TERMINATE
 
 
 def _stop_resource_tracker() -> None:
     """The shared-memory staging started multiprocessing's resource tracker, which also ends
     with the interpreter's exit alone (and otherwise once every writer is gone)."""
-    from multiprocessing import resource_tracker
+    from multiprocessing import resource_tracker  # on use: only where a writing process ran
 
     tracker = getattr(resource_tracker, "_resource_tracker", None)
     if tracker is not None and getattr(tracker, "_pid", None) is not None and hasattr(tracker, "_stop"):
