@@ -201,9 +201,7 @@ def evidence(first: RankReport, others: list[RankReport], culprits: set[int]) ->
         why = f"the earliest by time ({first.state})"
     by_signal = sorted(r.rank for r in others if r.job_wide)
     if by_signal and not first.job_wide:
-        why += (
-            f"; {len(by_signal)} rank(s) ended by a signal sent to the whole job are its cascade, whatever their stamps"
-        )
+        why += f"; {len(by_signal)} rank(s) ended by a signal sent to the whole job are its cascade, whatever times their logs show"
     return why
 
 
