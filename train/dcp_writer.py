@@ -49,15 +49,11 @@ def install() -> bool:
     base = getattr(executor, "_AsyncCheckpointProcess", None)
     if base is None:
         return False
-    if not issubclass(base, _watched_base(base)):
+    if not hasattr(base, "_kit_watched"):  # not installed yet
         executor._AsyncCheckpointProcess = _watched_class(base)
     if hasattr(executor, "get_free_port"):  # where this torch picks the writers' port so
         executor.get_free_port = port_below_ephemeral
     return True
-
-
-def _watched_base(base):
-    return getattr(base, "_kit_watched", type(None))
 
 
 def _watched_class(base):
@@ -94,10 +90,10 @@ def _leave_with_parent() -> None:
     """In the writer: a thread that ends the process once its rank is gone. It waits on
     multiprocessing's sentinel (readable once the rank closed its end: it died, or dropped the
     writer), and checks the parent's pid at every ``PARENT_CHECK_S``, since a child the rank
-    forked after the spawn (a DataLoader worker) also holds that end open."""
+    forked after the spawn (a DataLoader worker) also holds that end open. (The writer is always
+    a spawned multiprocessing child: it has a parent process and its sentinel.)"""
     parent = parent_process()
-    pid = parent.pid if parent is not None else os.getppid()
-    sentinel = parent.sentinel if parent is not None else None
+    pid, sentinel = parent.pid, parent.sentinel
 
     def leave() -> None:
         with contextlib.suppress(OSError):  # its stderr may be a pipe nobody reads any more
@@ -105,13 +101,8 @@ def _leave_with_parent() -> None:
         os._exit(PARENT_GONE_EXIT)  # its main thread may be inside a collective with the dead
 
     def watch() -> None:
-        while True:
-            if sentinel is not None and connection.wait([sentinel], timeout=PARENT_CHECK_S):
-                break
-            if sentinel is None:
-                threading.Event().wait(PARENT_CHECK_S)
-            if os.getppid() != pid:
-                break
+        while not connection.wait([sentinel], timeout=PARENT_CHECK_S) and os.getppid() == pid:
+            pass
         leave()
 
     if os.getppid() != pid:  # gone before the watch began
@@ -153,15 +144,17 @@ def stop() -> None:
     executor._CHECKPOINT_PROCESS = None
     _writers.clear()
     for writer in writers:
-        _end(writer)
+        _end(writer, executor._CheckpointSaveProcessControlOpts.TERMINATE)
     _stop_resource_tracker()
 
 
-def _end(writer) -> None:
+def _end(writer, terminate) -> None:
+    """One writer ended: asked (``terminate``, DCP's request) where it reads requests, then
+    SIGTERM, then SIGKILL, each waited for at most ``STOP_WAIT_S``."""
     process = writer._save_process
     if process.is_alive() and getattr(writer, "ready", True):  # it reads requests: asked first
         with contextlib.suppress(OSError):
-            writer._send(writer_terminate())
+            writer._send(terminate)
         process.join(timeout=STOP_WAIT_S)
     if process.is_alive():  # still starting, or its group's end waits for peers that are gone
         process.terminate()
@@ -169,12 +162,6 @@ def _end(writer) -> None:
     if process.is_alive():
         process.kill()
         process.join(timeout=STOP_WAIT_S)  # one in uninterruptible sleep (a hung file system) is left to the kernel
-
-
-def writer_terminate():
-    from torch.distributed.checkpoint import _async_process_executor as executor  # on use, as checkpoint's DCP
-
-    return executor._CheckpointSaveProcessControlOpts.TERMINATE
 
 
 def _stop_resource_tracker() -> None:

@@ -394,13 +394,12 @@ class Checkpointer:
             self.say(message)
             return
         started = time.perf_counter()
+        # the save in flight first; where the writing process did not start, settle turns the saver off
+        waited = self.settle(distributed, step) if self.saver is not None else 0.0
         if self.saver is None:
             checkpoint.save(self.dir, step, self.trainable, self.scaler, self.layout, self.unwritable_at)
             self.writer.write("checkpoint", step=step, seconds=round(time.perf_counter() - started, 3))
             return
-        waited = self.settle(distributed, step)
-        if self.saver is None:  # its writing process did not start (settle said so)
-            return self.save(step, meter, distributed, final)
         self.saver.start(step, self.trainable, self.scaler, self.layout)
         if final:
             self.settle(distributed, step)

@@ -105,3 +105,26 @@ def test_the_watched_writer_is_torchs_own_where_this_torch_has_one():
         watched._checkpointing_subprocess is dcp_writer._serve
         and executor.get_free_port is dcp_writer.port_below_ephemeral
     )
+
+
+def test_the_loop_saves_synchronously_once_a_writer_did_not_start(tmp_path):
+    """The trainer's side of the agreement: the warm-up's writer never started (its future never
+    completes), so the first save records that asynchronous saves are off and writes its
+    checkpoint synchronously, at once; the saver is gone."""
+    from concurrent.futures import Future
+
+    from train.loop import Checkpointer, LossMeter
+    from train.protocol import RecordWriter, read_records
+
+    cfg = load(Config, None, [f"train.run_dir={tmp_path}", "train.ckpt_async=true", "train.stall_timeout_s=0.1"])
+    trainable, _ = setup(cfg, DistEnv())
+    writer = RecordWriter(tmp_path, 0)
+    ckpt = Checkpointer(tmp_path / "checkpoints", trainable, None, {}, writer, print, cfg.train, torch.device("cpu"))
+    assert ckpt.saver.start_limit_s == 0.05  # half the stall watchdog's
+    ckpt.saver.close()  # its real warm-up's writer: a thread here (one process), ended
+    ckpt.saver.pending = (None, Future(), None, 0.0)
+    ckpt.save(10, LossMeter(torch.device("cpu"), 1), distributed=False)
+    assert ckpt.saver is None and checkpoint.latest(tmp_path / "checkpoints").name == "step_0000010"
+    records = list(read_records(writer.path))
+    assert [r["event"] for r in records] == ["checkpoint_failed", "checkpoint"]
+    assert "did not start in 0 s" in records[0]["error"] and "asynchronous" not in records[1]
