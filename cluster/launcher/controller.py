@@ -224,10 +224,16 @@ class Controller:
         def settled() -> bool:
             nonlocal failed
             codes = self.exit_codes()
-            for i, code in enumerate(codes):  # as srun says a task's end by a signal: "task 2: Killed"
-                if code is not None and code < 0 and i not in said:
-                    said.add(i)
-                    self.say(f"{self.unit_name} {first + i}: {signal.strsignal(-code)}")
+            # Each bad end as srun says it ("task 2: Killed", "task 1: Exited with exit code 1"), in
+            # the order seen: the log inspector takes the first for what ended the step. Ends seen in
+            # one poll come signals first: an exit code beside a signal's death is its peer's
+            # reaction (its collective broke), not an earlier cause.
+            ended = sorted((code > 0, i) for i, code in enumerate(codes) if code not in (None, 0) and i not in said)
+            for _, i in ended:
+                said.add(i)
+                code = codes[i]
+                words = signal.strsignal(-code) if code < 0 else f"Exited with exit code {code}"
+                self.say(f"{self.unit_name} {first + i}: {words}")
             bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if bad and failed is None:
                 failed = bad[0]

@@ -34,8 +34,10 @@ class SchedulerKills:
         return self.nodes.get(node_name or "", "") or self.agents.get((attempt, rank), "")
 
     def job_wide(self, rank: int, node_name: str | None, attempt: int = 0) -> bool:
-        """Whether what ended the rank, as this account says, was sent to the whole job (``of``)."""
-        return bool(self.job) or sent_to_the_whole_job(self.of(rank, node_name, attempt))
+        """Whether what ended the rank, as this account says, was sent to the whole job (``of``):
+        the time limit or a cancel (``job``), else a task's signal the account says is one."""
+        said = self.of(rank, node_name, attempt)
+        return bool(self.job) or JOB_WIDE in said or TIME_LIMIT_SIGNAL in said
 
 
 # What a launcher or scheduler sends every task of a step when it ends the step: srun's
@@ -45,12 +47,6 @@ class SchedulerKills:
 # stamps: the dead rank's log went on with its leftovers' lines, dating its end after the SIGTERM).
 JOB_WIDE = "sent to the whole job"
 TIME_LIMIT_SIGNAL = "the spec's time-limit signal"
-TIME_LIMIT = "killed at the job's time limit"
-
-
-def sent_to_the_whole_job(said: str) -> bool:
-    """Whether an account of a rank's end (``SchedulerKills.of``) names a signal sent to every task."""
-    return any(words in said for words in (JOB_WIDE, TIME_LIMIT_SIGNAL, TIME_LIMIT)) or said.startswith("cancelled")
 
 
 def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> SchedulerKills:
@@ -69,18 +65,16 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
                 said = said[said.find("\n", at) + 1 :] if "\n" in said[at:] else ""
             text += said
     if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
-        return SchedulerKills(job=TIME_LIMIT)
+        return SchedulerKills(job="killed at the job's time limit")
     if cancelled := cancel_said(text):
         return SchedulerKills(job=cancelled)
     spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
     launcher = ((plan or {}).get("program") or {}).get("launcher")
     kills = SchedulerKills(per_rank=launcher != "torchrun")
     by_words = {signal.strsignal(sig): sig for sig in signal.Signals}
-    # the task the account names first as ending otherwise than well: what ended the step (the
-    # local launcher names it: "task 2 exited with -9: ending the step (kill-on-bad-exit)")
-    first = int(m[1]) if (m := re.search(r"\b\w+ (\d+) exited with -?\d+: ending the step", text)) else None
+    first = None  # the task the account names first as ending otherwise than well: what ended the step
     for node, tasks, words in re.findall(r"(?:(\S+): )?tasks? ([\d\-,]+): (.+)$", text, re.M):
-        reason = ""
+        numbers, reason = task_numbers(tasks), ""
         if words == OUT_OF_MEMORY:
             reason = "killed for memory: the kernel's OOM killer, at the step's memory limit (spec mem)"
         elif (sig := by_words.get(words)) is not None:
@@ -89,7 +83,7 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
                 why = f"{TIME_LIMIT_SIGNAL}; the program has no handler"
             elif sig == signal.SIGTERM:  # srun's (or the local launcher's) end of the step's other tasks
                 why = f"{JOB_WIDE} (the step ended)"
-            elif sig == signal.SIGKILL and kills.per_rank and first not in (None, *task_numbers(tasks)):
+            elif sig == signal.SIGKILL and kills.per_rank and first not in (None, *numbers):
                 # after another task's end: the step's SIGKILL to a task that outlived its SIGTERM
                 # (srun's KillWait), or a kill during the teardown; the first task's end is the cause
                 why = f"{JOB_WIDE} (the step ended after task {first}'s end)"
@@ -97,9 +91,9 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
                 why = ""
             reason = f"killed by {sig.name}: {why}" if why else f"killed by {sig.name}"
         ended_badly = bool(reason) or words.startswith("Exited with exit code")  # not "task 0: pid 41: ..."
-        first = task_numbers(tasks)[0] if first is None and ended_badly and task_numbers(tasks) else first
+        first = numbers[0] if first is None and ended_badly and numbers else first
         kills.nodes[node] = reason
-        for task in task_numbers(tasks):
+        for task in numbers:
             kills.tasks[task] = reason
     if not kills.per_rank:
         kills.agents = agent_kills(job_dir, names)

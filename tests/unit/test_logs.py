@@ -506,7 +506,15 @@ def test_a_childs_traceback_and_the_stampers_note_are_not_the_ranks_end(tmp_path
     assert scan_log(own)["error"] == "EOFError"
 
 
-def test_a_peer_that_outlived_its_sigterm_is_the_cascade_of_the_rank_that_raised(tmp_path):
+@pytest.mark.parametrize(
+    "batch_log",
+    [
+        "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Killed\n",
+        # the local launcher's account, in srun's words (cluster.launcher.controller)
+        "cluster.controller: task 1: Exited with exit code 1\ncluster.controller: task 0: Killed\n",
+    ],
+)
+def test_a_peer_that_outlived_its_sigterm_is_the_cascade_of_the_rank_that_raised(batch_log, tmp_path):
     """Rank 1 raised (srun: exit code 1, named first); srun ended the step, and rank 0, stuck in
     a collective since its last line (before rank 1's traceback), outlived its SIGTERM and was
     SIGKILLed KillWait later: srun's "Killed" for it comes after rank 1's end, so it is the
@@ -517,9 +525,7 @@ def test_a_peer_that_outlived_its_sigterm_is_the_cascade_of_the_rank_that_raised
 
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
-    (tmp_path / "job" / "slurm-12.log").write_text(
-        "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Killed\n"
-    )
+    (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
     judging = Judging(False, 200.0, 300.0, True, scheduler_kill(JobDir(job_dir), {}, JobDir(job_dir).names()),
                       lambda: ("no log", ""))  # fmt: skip
     peer = rank_state(RankEvidence(rank=0, node=0, node_name="n1", logs=["r.log"], trained=True, progress=100.0,
