@@ -1,7 +1,9 @@
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -191,10 +193,7 @@ def say_stacks_of_the_sessions_processes(item) -> None:
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: a GPU box's own interpreter may lack pytest-timeout
 def pytest_timeout_set_timer(item, settings):
     """pytest-timeout's signal method, with the session's processes' stacks before its own."""
-    import signal
-    import threading
-
-    import pytest_timeout
+    import pytest_timeout  # here: the hook is called only where pytest-timeout is installed
 
     if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
         return None  # pytest-timeout's own way
