@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.failures import FIT, TASKS_PER_NODE, cluster
+from bench.failures import TASKS_PER_NODE, submit
 from cluster.jobdir import JobDir
 from cluster.restarts.history import history
 from cluster.system import minicluster
@@ -46,13 +46,6 @@ MODES = {
 
 def say(msg: str) -> None:
     print(f"[culprits bench] {msg}", file=sys.stderr, flush=True)
-
-
-def submit(log_dir: Path, spec: str, *overrides: str) -> JobDir:
-    done = cluster("submit", spec, f"log_dir={log_dir}", *FIT, *overrides, "--json")
-    if done.returncode != 0:
-        raise SystemExit(done.stderr)
-    return JobDir(Path(json.loads(done.stdout.splitlines()[0])["log_dir"]))
 
 
 def trained_in(job: JobDir, attempt: int, saved: bool = False) -> dict[int, dict] | None:
@@ -92,8 +85,8 @@ def soak(tmp: Path, mode: str, kills: int, rng: random.Random) -> dict:
     if mode == "torchrun":
         args = ["--steps", "1000000", "--ckpt", str(tmp / "cnn.pt"), "--ckpt-every", "20", "--log-every", "10"]
         extra = [f"program.args={json.dumps(args)}"]
-    job = submit(tmp / mode, spec, "nodes=2", f"gpus_per_node={TASKS_PER_NODE}", "spare_nodes=1",
-                 f"restarts={kills}", "time=01:00:00", *overrides, *extra)  # fmt: skip
+    job = JobDir(submit(tmp / mode, "nodes=2", f"gpus_per_node={TASKS_PER_NODE}", "spare_nodes=1",
+                        f"restarts={kills}", "time=01:00:00", *overrides, *extra, spec=spec))  # fmt: skip
     out = {"mode": mode, "job": str(job.path), "kills": 0, "culprit_right": 0, "excluded_right": 0, "wrong": [],
            "writer_gone_s": [], "resumed": []}  # fmt: skip
     try:

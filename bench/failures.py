@@ -46,9 +46,10 @@ def cluster(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cluster", *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def submit(log_dir: Path, *overrides: str, wait: bool = False) -> Path:
-    done = cluster("submit", "jobs/multi_node.yaml", f"log_dir={log_dir}", *FIT, *overrides, "--json",
-                   *(["--wait"] if wait else []))  # fmt: skip
+def submit(log_dir: Path, *overrides: str, wait: bool = False, spec: str = "jobs/multi_node.yaml") -> Path:
+    done = cluster("submit", spec, f"log_dir={log_dir}", *FIT, *overrides, "--json", *(["--wait"] if wait else []))
+    if not done.stdout.strip():  # refused: nothing submitted
+        raise SystemExit(done.stderr)
     return Path(json.loads(done.stdout.splitlines()[0])["log_dir"])
 
 
