@@ -688,9 +688,14 @@ def test_two_losses_in_a_row_are_both_restarted_and_the_job_ends_bitwise_equal(t
     assert ledger["categories"]["lost work"] > 0 and ledger["ettr"] < without_recovery(ledger)
 
 
-def kill_ranks_at_step(job_id: str, job_dir: Path, ranks: tuple[int, ...], step: int) -> None:
-    """Kills the ranks once each has logged `step`; the job must then go on and end by itself."""
+def kill_node_at_step(job_id: str, job_dir: Path, node: str, world_size: int, step: int) -> None:
+    """Kills the ranks that run on ``node`` (their start records say where: torchrun's c10d
+    rendezvous numbers the nodes itself, so its ranks 2-3 are on n1 as often as on n2) once
+    each has logged `step`; the job must then go on and end by itself."""
     try:
+        starts = [wait_for_step(job_dir, rank, None) for rank in range(world_size)]
+        ranks = [s["rank"] for s in starts if s["env"]["launcher_vars"]["SLURMD_NODENAME"] == node]
+        assert ranks, f"no rank started on {node}"
         for start in [wait_for_step(job_dir, rank, step) for rank in ranks]:
             kill_rank(start)
     finally:
@@ -720,7 +725,7 @@ def test_your_own_script_is_restarted_on_the_spare_and_resumes_from_its_own_chec
     job_dir = tmp_path / "cnn" / info["job_id"]
     if launcher == "per_task":
         standbys_warm(job_dir)
-    kill_ranks_at_step(info["job_id"], job_dir, (2, 3), 60)
+    kill_node_at_step(info["job_id"], job_dir, "n2", 4, 60)
     report, first, second = two_attempts(job_dir)
     assert second["nodes"] == ["n1", "n3"]
     # one rank a task: forked by its node's standby; torchrun's agents start their workers afresh
@@ -834,7 +839,7 @@ def test_a_script_saving_asynchronously_with_dcp_restarts_warm_and_ends_as_if_ne
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "cnn" / info["job_id"]
     standbys_warm(job_dir)
-    kill_ranks_at_step(info["job_id"], job_dir, (1,), 110)
+    kill_node_at_step(info["job_id"], job_dir, "n2", 2, 110)
     code, report = logs_json(job_dir)
     first, second = report["attempts"]
     assert code.returncode == 0 and report["completed"] == 2, report
@@ -871,7 +876,7 @@ def test_with_no_spare_left_the_job_goes_on_with_fewer_nodes_and_the_same_loss(t
                           "train.ckpt_every=50", wait=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
     job_dir = tmp_path / "multi-node" / info["job_id"]
-    kill_ranks_at_step(info["job_id"], job_dir, (4, 5), 110)
+    kill_node_at_step(info["job_id"], job_dir, "n3", 6, 110)
     report, first, second = two_attempts(job_dir)
     assert report["world_size"] == 4
     assert (first["nodes"], second["nodes"]) == (["n1", "n2", "n3"], ["n1", "n2"])
