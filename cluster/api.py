@@ -59,6 +59,7 @@ __all__ = [
     "Job",
     "NeverStarts",
     "SweepJob",
+    "WaitTimeout",
     "dry_run",
     "load_spec",
     "plan",
@@ -266,6 +267,11 @@ class Job:
         if (waits := waiting_reason(self.ref.job_dir)) and not self.ref.job_dir.records_file(0).exists():
             name, reason = ("WAITING" if state.live else "NEVER RAN"), waits.removeprefix("never ran: ")  # --after
         status = {"job_id": self.job_id, "state": name, "reason": reason, "log_dir": str(self.job_dir)}
+        if name == "FAILED" and (first := self.report(running=False).first_failure):  # and who failed first
+            error = (first["error"] or "").strip().splitlines()
+            status["culprit"] = {"rank": first["rank"], "state": first["state"], "error": error[-1] if error else ""}
+            said = "the first failure: rank {rank}, {state}: {error}".format(**status["culprit"])
+            status["reason"] = f"{reason}; {said}" if reason else said
         allowed = self.ref.job_dir.plan().get("restarts")
         if allowed:
             used = restarts_used(summary(self.ref.job_dir))

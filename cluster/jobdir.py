@@ -260,7 +260,8 @@ class JobDir:
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / CHECKPOINTS
+        """Where its ranks write checkpoints: the spec's checkpoint_dir, else checkpoints/ here."""
+        return Path((self.plan() or {}).get("checkpoint_dir") or self.path / CHECKPOINTS)
 
     def scheduler_logs(self) -> list[Path]:
         """What the scheduler wrote about a job's ranks, for ranks that wrote nothing themselves:

@@ -91,7 +91,9 @@ def plan_record(spec: JobSpec, plan: Plan) -> dict:
         else {}
     )
     signal = {"time_limit_signal": spec.rank_signal} if spec.rank_signal else {}
-    return {"name": spec.name, "cluster": spec.cluster, "program": program, **restarts, **signal, **plan.to_json()}
+    checkpoints = {"checkpoint_dir": spec.checkpoint_dir} if spec.checkpoint_dir else {}
+    return {"name": spec.name, "cluster": spec.cluster, "program": program, **restarts, **signal, **checkpoints,
+            **plan.to_json()}  # fmt: skip
 
 
 def gpus_per_task(spec: JobSpec) -> int:

@@ -158,6 +158,8 @@ def rank_program(
     shim.append(f"--stall-timeout-s={stall:g}")
     if spec.startup_timeout_s and p.require_progress and p.kind != "command":  # a command's steps cannot be seen
         shim.append(f"--startup-timeout-s={spec.startup_timeout_s:g}")
+    if spec.checkpoint_dir:
+        shim.append(f"--checkpoint-dir={spec.checkpoint_dir}")
     if spec.rank_signal:
         shim.append(f"--time-limit-signal={spec.rank_signal}")
         if p.kind == "submitit" and spec.requeue and backend.requeues:

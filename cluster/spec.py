@@ -211,6 +211,10 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     setup: list[str] = field(default_factory=list)
     log_dir: str = "runs"
+    # Where every rank's checkpoints go: an absolute path that every node sees (a scratch file
+    # system); "": <job dir>/checkpoints. The built-in trainer writes and resumes there, a
+    # program of one's own is told it (KIT_CHECKPOINT_DIR), and one live job at a time may use it.
+    checkpoint_dir: str = ""
     sbatch_extra: list[str] = field(default_factory=list)
     preflight: bool = False  # check every rank joins and communicates before training, same allocation
     python: str = ""  # interpreter on the nodes; default: the submitting one (or "python" in a container)
@@ -270,6 +274,7 @@ class JobSpec:
         # The trainer checkpoints on the spec's time-limit signal and requeues if the spec says so.
         cfg.train.preempt_signal = self.rank_signal or cfg.train.preempt_signal
         cfg.train.requeue = self.requeue
+        cfg.train.checkpoint_dir = self.checkpoint_dir
         return cfg
 
     def train_dict(self) -> dict:
@@ -282,7 +287,8 @@ class JobSpec:
             raise ConfigError(
                 "name", f"{self.name!r} must be letters, digits, '_', '.', '-' (it names files and the job)"
             )
-        for key in ("mem", "time", "partition", "account", "qos", "constraint", "signal", "log_dir", "python"):
+        for key in ("mem", "time", "partition", "account", "qos", "constraint", "signal", "log_dir", "python",
+                    "checkpoint_dir"):  # fmt: skip
             if not SAFE_TOKEN.match(getattr(self, key)):
                 raise ConfigError(key, f"{getattr(self, key)!r} contains shell metacharacters or spaces")
         for name, value in self.env.items():
@@ -296,9 +302,13 @@ class JobSpec:
         for i, opt in enumerate(self.sbatch_extra):
             if not opt.startswith("--") or not SAFE_TOKEN.match(opt):
                 raise ConfigError(f"sbatch_extra[{i}]", f"{opt!r} must be one --option[=value] without spaces")
+        if self.checkpoint_dir and not self.checkpoint_dir.startswith("/"):
+            raise ConfigError("checkpoint_dir", f"{self.checkpoint_dir!r}: an absolute path that every node sees")
         parse_time_minutes(self.time)
         if self.signal:
             require_signal("signal", self.signal)
+        if self.program is None:  # beside a program, every trainer key is refused (check_program_sections)
+            check_kit_keys(self)
         require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
         # what the spec's backend cannot run is checked at submission (cluster.checks)
         if self.restarts and self.container.runtime == "pyxis":
@@ -315,6 +325,33 @@ class JobSpec:
             )
         if self.min_nodes > self.nodes:
             raise ConfigError("min_nodes", f"{self.min_nodes} is more than nodes ({self.nodes})")
+
+
+# The trainer's keys a job spec sets itself (``JobSpec.train_config``), and the key to set
+# instead: given in the train section, they would be dropped.
+KIT_KEYS = {
+    "run_dir": "the job's directory, where its logs and records go: checkpoints go where checkpoint_dir says "
+    "(checkpoint_dir=/scratch/me/run1)",
+    "checkpoint_dir": "the job spec's checkpoint_dir (checkpoint_dir=/scratch/me/run1)",
+    "requeue": "the job spec's requeue (requeue=true)",
+    "startup_timeout_s": "the job spec's startup_timeout_s (startup_timeout_s=900)",
+}
+
+
+def check_kit_keys(spec: JobSpec) -> None:
+    """A train key the kit sets from the job spec is refused, naming the key to set instead,
+    wherever it differs from the trainer's default (a resolved spec.yaml holds the defaults):
+    never dropped in silence. ``stall_timeout_s`` and ``preempt_signal`` are the user's where
+    the job spec does not set them (its stall_timeout_s, its signal)."""
+    given, default = spec.train, TrainConfig()
+    kit = dict(KIT_KEYS)
+    if spec.stall_timeout_s is not None:
+        kit["stall_timeout_s"] = f"the job spec's stall_timeout_s ({spec.stall_timeout_s:g} here)"
+    if spec.rank_signal:
+        kit["preempt_signal"] = f"the job spec's signal ({spec.signal} here)"
+    for name, instead in kit.items():
+        if getattr(given, name) != getattr(default, name):
+            raise ConfigError(f"train.{name}", f"the kit sets it for every rank: {instead}")
 
 
 def trainer_key_refused(key: str) -> str:

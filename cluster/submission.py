@@ -14,6 +14,7 @@ from typing import Any
 from cluster import backends
 from cluster.backends import JobRef
 from cluster.backends.base import Submission
+from cluster.checkpoint_owner import refuse_if_taken, take
 from cluster.checks import check_submission, early_signal_note, unhandled_signal_note
 from cluster.dependencies import Parent, checked, slurm_dependency
 from cluster.dependencies import record as dependency_record
@@ -146,6 +147,8 @@ def submit(
     the job is made of recorded in its directory. ``after``: the parents it waits for and the
     condition (``cluster.dependencies``), checked first."""
     backend = backends.get(spec.cluster)
+    if spec.checkpoint_dir and not preflight_only:
+        refuse_if_taken(spec.checkpoint_dir)
     parents, condition = after
     waiting = checked(list(parents), condition, spec.cluster) if parents else []
     dependency = ""
@@ -161,11 +164,14 @@ def submit(
     prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record,
                                dependency=dependency)  # fmt: skip
     try:
-        return JobRef(backend.submit(prepared), backend)
+        ref = JobRef(backend.submit(prepared), backend)
     except ConfigError:  # the backend refused the job: nothing of it stays
         if code is not None:
             code.discard()
         raise
+    if spec.checkpoint_dir and not preflight_only:
+        take(spec.checkpoint_dir, ref.job_dir)
+    return ref
 
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:

@@ -62,7 +62,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="global batch")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--log-every", type=int, default=20)
-    parser.add_argument("--ckpt", default="", help="checkpoint file: saved every --ckpt-every steps, resumed from")
+    # Under the kit, KIT_CHECKPOINT_DIR names where checkpoints belong (the job spec's checkpoint_dir):
+    # saving there makes `cluster resume` and --until-done continue the run from it.
+    here = os.environ.get("KIT_CHECKPOINT_DIR")
+    parser.add_argument("--ckpt", default=os.path.join(here, "cnn.pt") if here else "",
+                        help="checkpoint file: saved every --ckpt-every steps, resumed from")  # fmt: skip
     parser.add_argument("--ckpt-every", type=int, default=50)
     parser.add_argument("--fail-at-step", type=int)
     parser.add_argument("--fail-rank", type=int, default=0)

@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 
 from train.errors import ConfigError  # here too: every user of the configuration catches it
-from train.protocol import PREEMPT_SIGNAL, parse_time_limit_signal
+from train.protocol import CHECKPOINTS, PREEMPT_SIGNAL, parse_time_limit_signal
 
 T = TypeVar("T")
 # A str that must be given as a string: a list of program arguments like ["--epochs", 3]
@@ -113,6 +113,10 @@ class TrainConfig:
     log_every: int = 100
     eval_every: int = 100
     run_dir: str = "runs/train"
+    # Where checkpoints are written and resumed from; "": <run_dir>/checkpoints. A job spec sets
+    # it from its own checkpoint_dir (a large model's checkpoints belong on the scratch file
+    # system, not beside the logs).
+    checkpoint_dir: str = ""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Process-group timeout: how long a collective waits for a dead or stuck peer.
     timeout_s: float = 300.0
@@ -165,6 +169,10 @@ class TrainConfig:
     # Only in this attempt of a job that restarts (0: the first), like a node's fault that a
     # restart on another node does not meet again; null: in every attempt, like a bug.
     fault_attempt: int | None = None
+
+    @property
+    def checkpoints(self) -> Path:
+        return Path(self.checkpoint_dir or Path(self.run_dir) / CHECKPOINTS)
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "steps", "batch_size", "grad_accum", "log_every", "eval_every")

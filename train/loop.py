@@ -25,7 +25,7 @@ from train.parallel.common import Context, Trainable, state_bytes
 from train.parallel.mesh import resolve_dims
 from train.parallel.registry import STRATEGIES
 from train.preempt import armed
-from train.protocol import CHECKPOINTS, RecordWriter, runtime_versions
+from train.protocol import RecordWriter, runtime_versions
 from train.tensorboard import Board
 
 NON_FINITE_HINT = "lower optim.lr, or set train.stop_on_nonfinite=false to train on"
@@ -176,7 +176,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     announce(cfg, env, ctx, writer, say, quiet)
     board = Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say)
     scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
-    ckpt = Checkpointer(Path(t.run_dir) / CHECKPOINTS, trainable, scaler, asdict(ctx.dims), writer, say, t, ctx.device)
+    ckpt = Checkpointer(t.checkpoints, trainable, scaler, asdict(ctx.dims), writer, say, t, ctx.device)
     start = ckpt.resume(env.world_size, ctx.dims.tp)
     data, loader, batches = training_batches(cfg, ctx, start)
     one_step = optimizer_step(cfg, ctx, trainable, scaler)

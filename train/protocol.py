@@ -173,9 +173,14 @@ def step_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
-def latest_checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the newest complete checkpoint in a run directory; None without one."""
-    pointer = Path(run_dir) / CHECKPOINTS / LATEST
+# Where every rank's checkpoints go, for a program of one's own as for the trainer: the job
+# spec's checkpoint_dir, else <job dir>/checkpoints (docs/your-own-script.md).
+CHECKPOINT_DIR_VAR = "KIT_CHECKPOINT_DIR"
+
+
+def latest_checkpoint_step(checkpoints: Path) -> int | None:
+    """The step of the newest complete checkpoint in a checkpoint directory; None without one."""
+    pointer = Path(checkpoints) / LATEST
     name = pointer.read_text().strip() if pointer.exists() else ""
     return int(name.removeprefix("step_")) if re.fullmatch(r"step_\d+", name) else None
 

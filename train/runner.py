@@ -43,7 +43,7 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
                 print(f"rank 0: {requeue(env)}", flush=True)
             else:
                 print(
-                    f"rank 0: stopped after saving (train.requeue is off: run again to resume from {cfg.train.run_dir})",
+                    f"rank 0: stopped after saving (train.requeue is off: run again to resume from {cfg.train.checkpoints})",
                     flush=True,
                 )
         return record

@@ -57,6 +57,8 @@ from train.dist_env import cpu_threads, from_environ, torchrun_environ
 from train.hangs import StallWatchdog, dumps_kept, install_dumps, startup_limit
 from train.output import leave, redirect_to, timestamp_lines
 from train.protocol import (
+    CHECKPOINT_DIR_VAR,
+    CHECKPOINTS,
     DUMP_SIGNAL,
     PROGRAM_KINDS,
     RECORDS_VAR,
@@ -282,6 +284,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rank-log", action="store_true", help="open the rank's own log (torchrun's workers)")
     parser.add_argument("--stall-timeout-s", type=float, default=180.0, help="0: no stall watchdog")
     parser.add_argument("--startup-timeout-s", type=float, default=0.0, help="to the first step; 0: none")
+    parser.add_argument("--checkpoint-dir", default="", help=f"{CHECKPOINT_DIR_VAR}; default: <job dir>/checkpoints")
     parser.add_argument("--time-limit-signal", default="", help="the spec's signal (USR1): logged, never fatal")
     parser.add_argument(
         "--requeue-on-signal", action="store_true", help="--submitit: submitit's checkpoint and requeue on the signal"
@@ -329,6 +332,7 @@ def main(argv: list[str]) -> None:
             sys.modules["torch"].set_num_threads(threads)
     writer = RecordWriter(job_dir, env.rank)
     os.environ[RECORDS_VAR] = str(writer.path)  # where a program may say what its checkpoints cost
+    os.environ[CHECKPOINT_DIR_VAR] = args.checkpoint_dir or str(job_dir / CHECKPOINTS)  # where it saves them
     writer.write(
         "start", env=env.as_record(), pid=os.getpid(), versions=runtime_versions(),
         program={"kind": kind, "target": target, "args": args.args},

@@ -88,7 +88,7 @@ class JobRef:
         def done() -> bool:
             nonlocal said
             state = self.state()
-            if state.reason and state.reason != said:
+            if state.kind == "waiting" and state.reason and state.reason != said:
                 say(f"job {self.job_id} is pending: {state.reason}")
             said = state.reason
             if state.never_starts:

@@ -26,11 +26,12 @@ if TYPE_CHECKING:  # types only: these modules import this one
 Say = Callable[[str], None]
 
 # The one table of scheduler states: each word a backend reports (SLURM's JobState from
-# scontrol; the local launcher's RUNNING and ENDED) is "waiting" (not started, or back in the
+# scontrol; the local launcher's the same, and UNWATCHED: its ranks run on without it) is "waiting" (not started, or back in the
 # queue), "running" (processes may be alive, COMPLETING included) or "ended".
 STATES = {
     **dict.fromkeys(("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"), "waiting"),
-    **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING"), "running"),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESIZING",
+                     "UNWATCHED"), "running"),
     **dict.fromkeys(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                      "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED", "ENDED"), "ended"),
 }  # fmt: skip

@@ -10,7 +10,7 @@ import sys
 
 from cluster.backends.base import Backend, Say, State, Submission, Traits
 from cluster.jobdir import JobDir
-from cluster.launcher import containers, controller
+from cluster.launcher import containers, controller, outcome
 from cluster.system.poll import WaitTimeout, wait_until
 from train.errors import ConfigError
 
@@ -80,8 +80,9 @@ class DockerBackend(Backend):
 
     def state(self, job: JobDir) -> State:
         # The ranks' pids in the records are the containers' own, not this machine's.
-        running = controller.alive(job) or containers.running(job.path)
-        return State("RUNNING" if running else "ENDED")
+        if controller.alive(job):
+            return State("RUNNING")
+        return outcome.unwatched(job) if containers.running(job.path) else outcome.ended(job)
 
     def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
         # The controller stops and removes the containers; what is left, we do.

@@ -9,7 +9,7 @@ import signal
 
 from cluster.backends.base import Backend, Say, State, Submission
 from cluster.jobdir import JobDir
-from cluster.launcher import controller
+from cluster.launcher import controller, outcome
 from cluster.system import processes
 from cluster.system.processes import native_stack
 from train.errors import ConfigError
@@ -58,17 +58,21 @@ class LocalBackend(Backend):
         return controller.submit(job.job_root, job.python, job.files, launch)
 
     def state(self, job: JobDir) -> State:
-        return State("RUNNING" if processes_of(job) else "ENDED")
+        if controller.alive(job):
+            return State("RUNNING")
+        return outcome.unwatched(job) if processes_of(job) else outcome.ended(job)
 
     def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
         # The controller ends its tasks (SIGTERM: each dumps its stacks; SIGKILL after its
         # KILL_WAIT_S); without one (it died), the orphans are told directly.
         pids = processes_of(job)
-        told = [int(job.job_id)] if int(job.job_id) in pids else pids
-        for pid in told:
+        unwatched = int(job.job_id) not in pids
+        for pid in pids if unwatched else [int(job.job_id)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         processes.kill_after(pids, grace_s, say)
+        if unwatched and pids:
+            outcome.say_cancelled(job, 128 + signal.SIGTERM)
 
     def signal(self, job: JobDir, pids_by_host: dict[str, list[int]], sig: signal.Signals) -> None:
         for pid in (p for pids in pids_by_host.values() for p in pids):

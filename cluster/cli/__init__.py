@@ -28,7 +28,9 @@ COMMANDS = {
     "per node through the Docker SDK (cluster: docker)",
     "goodput": "predict the effective training time ratio at scale: failures replayed against phase costs",
     "sweep": "run a spec over a grid of overrides (key=a,b,c), each point a job of its own",
-    "status": "the scheduler's state of a job (a sweep: its points by state)",
+    "status": "the state of a job: waiting, running, completed, failed (and its culprit), cancelled, timeout ... "
+    "(a sweep: its points by state)",
+    "wait": "block until a job ends; print its triage and exit with its outcome, as --wait does (0, 1, 87)",
     "cancel": "cancel a job (a sweep: its runner and its running points)",
     "logs": "per-rank table, first failing rank and its cascade, hangs, stragglers",
     "page": "the job (or sweep) on one HTML page: verdict, curves, step times, goodput, ranks, merged logs; "
@@ -45,6 +47,7 @@ EXAMPLES = """examples:
   python -m cluster render jobs/multi_node.yaml -o job.sbatch
   python -m cluster submit jobs/multi_node.yaml nodes=4 train.steps=200 parallel.strategy=fsdp
   python -m cluster submit jobs/local.yaml --wait
+  python -m cluster wait runs/local/12345 --timeout 3600
   python -m cluster logs runs/local/12345 --json
   python -m cluster page runs/local/12345          # runs/local/12345/page.html, and TensorBoard's events
   python -m cluster stacks runs/local/12345

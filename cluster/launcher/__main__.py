@@ -19,6 +19,7 @@ from cluster.dependencies import wait_for
 from cluster.jobdir import JobDir
 from cluster.launcher.containers import ContainerController
 from cluster.launcher.controller import Controller
+from cluster.launcher.outcome import JOB_ENDED
 
 # launch.json's "units": what one unit of a step is (kill-on-bad-exit ends the step when one fails)
 CONTROLLERS = {"processes": Controller, "containers": ContainerController}
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
         code = 1
     finally:
         controller.clean_up()
-    controller.say(f"job ended: exit {code}")
+    controller.say(f"{JOB_ENDED} {code}")
     return code
 
 

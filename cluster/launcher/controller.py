@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster.jobdir import LAUNCH, JobDir
+from cluster.launcher.outcome import TIME_LIMIT
 from cluster.system import processes
 from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
@@ -251,7 +252,7 @@ class Controller:
         try:
             wait_until(settled, max(0.0, self.deadline - time.monotonic()), "the step's tasks", self.poll_s)
         except WaitTimeout:
-            self.say("time limit reached: ending the step")
+            self.say(f"{TIME_LIMIT}: ending the step")
             self.stopping = "time limit"
             self.end_units()
         codes = self.wait_units()

@@ -76,7 +76,7 @@ def start(job_dir: JobDir, allocation: Allocation, say=print) -> str:
         why = "the allocation ended under it (its batch node failed, or the job was requeued); SLURM requeued the job"
         append(job_dir, {
             "event": "end", "attempt": cut["attempt"], "nodes": cut["nodes"], "exit_code": None, **failure,
-            "checkpoint": latest_checkpoint_step(job_dir.path), "verdict": "requeued", "why": why, "excluded": excluded,
+            "checkpoint": latest_checkpoint_step(job_dir.checkpoints), "verdict": "requeued", "why": why, "excluded": excluded,
         })  # fmt: skip
         say(f"attempt {cut['attempt']} on {','.join(cut['nodes'])}: {why}")
         records = history(job_dir)
@@ -156,7 +156,7 @@ def next_attempt(job_dir: JobDir, exit_code: int, allocation: Allocation, say=pr
     left = allocation.time_left_s(job_dir.job_id)
     needs = restart_needs(spec, current, job_dir.records(0), allocation.signal_early_s)
     decision = decide(ended, failure, exit_code, every, current["nodes"], restarts, down, min_nodes, left, needs)
-    checkpoint = latest_checkpoint_step(job_dir.path)
+    checkpoint = latest_checkpoint_step(job_dir.checkpoints)
     append(job_dir, {
         "event": "end", "attempt": current["attempt"], "nodes": current["nodes"], "exit_code": exit_code,
         **failure, "checkpoint": checkpoint, "verdict": decision.verdict, "why": decision.why,

@@ -14,7 +14,7 @@ import pytest
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, free_port
 from tests.support.jobs import logs_json, submit, wait_for_line, wait_for_step
-from train.protocol import latest_checkpoint_step, read_records
+from train.protocol import CHECKPOINTS, latest_checkpoint_step, read_records
 
 pytestmark = pytest.mark.slow
 # A one-minute limit with the signal 52 s before it: the signal comes about 8 s in.
@@ -29,7 +29,7 @@ def test_the_built_in_trainer_checkpoints_at_the_signal_without_ckpt_every(tmp_p
     result, info = submit("jobs/local.yaml", tmp_path, *SOON, "tasks_per_node=2", "train.steps=100000000")
     job_dir = tmp_path / "local" / info["job_id"]
     preempted = [r["step"] for r in read_records(job_dir / "rank_00000.jsonl") if r["event"] == "preempted"]
-    assert preempted and latest_checkpoint_step(job_dir) == preempted[0], result.stdout
+    assert preempted and latest_checkpoint_step(job_dir / CHECKPOINTS) == preempted[0], result.stdout
     _, report = logs_json(job_dir)
     assert [r["state"] for r in report["ranks"]] == ["preempted", "preempted"] and report["first_failure"] is None
     assert "User defined signal" not in (job_dir / "controller.log").read_text()
@@ -75,7 +75,7 @@ def test_the_signal_during_start_up_is_kept_for_the_first_chance_to_save(tmp_pat
             p.kill()  # no-op for a process that ended
     assert "preemption signal (SIGUSR1): checkpoint saved at step 10" in out[0], out[0]
     assert [r["step"] for r in read_records(tmp_path / "rank_00001.jsonl") if r["event"] == "preempted"] == [10]
-    assert latest_checkpoint_step(tmp_path) == 10
+    assert latest_checkpoint_step(tmp_path / CHECKPOINTS) == 10
 
 
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])

@@ -12,7 +12,7 @@ from train import checkpoint
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup
-from train.protocol import latest_checkpoint_step
+from train.protocol import CHECKPOINTS, latest_checkpoint_step
 
 
 @pytest.mark.parametrize("how", [[], ["train.ckpt_async=true"], ["train.ckpt_async=true", "parallel.strategy=model_parallel"]],
@@ -56,7 +56,9 @@ def test_a_non_finite_state_is_never_saved_and_latest_stays_finite(tmp_path):
     result = run_module("train", "parallel.strategy=single", "optim.lr=50", "optim.momentum=0.9", "train.steps=40",
                         "train.ckpt_every=1", "train.log_every=40", f"train.run_dir={tmp_path}")  # fmt: skip
     assert result.returncode == 1 and "the state at step 5 is non-finite" in result.stderr, result.stderr[-2000:]
-    assert latest_checkpoint_step(tmp_path) == 4 and not (tmp_path / "checkpoints" / "step_0000005").exists()
+    assert (
+        latest_checkpoint_step(tmp_path / CHECKPOINTS) == 4 and not (tmp_path / CHECKPOINTS / "step_0000005").exists()
+    )
     extra = torch.load(tmp_path / "checkpoints" / "step_0000004" / "extra_rank00000.pt", weights_only=False)
     assert extra["step"] == 4
 

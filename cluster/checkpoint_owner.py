@@ -1,0 +1,42 @@
+"""One live job at a time writes a checkpoint directory (the spec's ``checkpoint_dir``): two
+jobs saving into one ``latest`` would resume from each other's steps. The job that took it
+is named in a file there; a second submission is refused while that job waits or runs, by
+its backend's word, so a job that died (its launcher killed, its node gone) holds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cluster.backends import JobRef
+from cluster.jobdir import JobDir
+from train.errors import ConfigError
+
+OWNER = ".kit-job"  # in the checkpoint directory: the path of the job directory that writes it
+
+
+def refuse_if_taken(checkpoints: str | Path, by: Path | None = None) -> None:
+    """ConfigError naming the live job that writes ``checkpoints``; ``by``: a job directory
+    allowed to hold it (the job being resumed, which ended)."""
+    owner = Path(checkpoints) / OWNER
+    named = owner.read_text().strip() if owner.is_file() else ""
+    job_dir = JobDir(named)
+    if not named or not job_dir.plan_file.is_file() or (by is not None and job_dir.path == by):
+        return
+    state = JobRef.of(job_dir).state()
+    if state.live:
+        raise ConfigError(
+            "checkpoint_dir",
+            f"{checkpoints} is written by job {job_dir.job_id} ({named}, {state.name}): one live job at a time; "
+            f"wait for it (python -m cluster wait {named}), cancel it, or choose another checkpoint_dir",
+        )
+
+
+def take(checkpoints: str | Path, job_dir: JobDir) -> None:
+    """Name ``job_dir`` as the writer of ``checkpoints`` (made if missing), atomically."""
+    where = Path(checkpoints)
+    where.mkdir(parents=True, exist_ok=True)
+    tmp = where / f"{OWNER}.{os.getpid()}.tmp"
+    tmp.write_text(f"{job_dir.path.resolve()}\n")
+    tmp.replace(where / OWNER)
