@@ -114,7 +114,7 @@ def test_status_snapshot_and_cancel_reach_into_the_containers(image, tmp_path):
         assert json.loads(snapshot.stdout)["missing"] == []  # every rank in both containers answered
     finally:
         cancel(job_dir)
-    assert json.loads(run_module("cluster", "status", str(job_dir), "--json").stdout)["state"] == "ENDED"
+    assert json.loads(run_module("cluster", "status", str(job_dir), "--json").stdout)["state"] == "CANCELLED"
     assert leftovers(job_dir) == []
 
 

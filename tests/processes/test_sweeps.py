@@ -55,7 +55,8 @@ def test_the_python_api_submits_waits_and_triages_as_the_cli_does(tmp_path):
     report = job.wait(timeout=300)
     assert report.first_failure["rank"] == 1 and job.done()
     again = Job.attach(job.job_dir)
-    assert again.job_id == job.job_id and again.status()["state"] == "ENDED"
+    status = again.status()  # how it ended, and who failed first
+    assert again.job_id == job.job_id and (status["state"], status["culprit"]["rank"]) == ("FAILED", 1), status
     assert again.logs()["first_failure"]["rank"] == 1
     cli = run_module("cluster", "logs", str(job.job_dir), "--json")
     assert json.loads(cli.stdout)["first_failure"] == again.logs()["first_failure"]

@@ -148,3 +148,15 @@ def test_fsdp_with_tp_over_the_whole_world_is_refused_naming_parallel_tp():
         resolve_dims(cfg.parallel, cfg.model, world_size=2, ranks_per_node=2)
     assert err.value.key == "parallel.tp" and "nothing to shard over" in str(err.value)
     assert resolve_dims(cfg.parallel, cfg.model, world_size=4, ranks_per_node=4).dp_shard == 2
+
+
+def test_the_trainers_watch_keys_are_the_users_where_the_job_spec_sets_none():
+    """train.stall_timeout_s and train.preempt_signal go to the ranks unless the job spec sets its
+    own stall_timeout_s or signal (then they are refused: tests/support/bad_specs.py)."""
+    from cluster.spec import JobSpec
+
+    spec = load(JobSpec, "jobs/local.yaml", ["train.stall_timeout_s=30", "train.preempt_signal=USR2"])
+    train = spec.train_config().train
+    assert (train.stall_timeout_s, train.preempt_signal, train.checkpoint_dir) == (30, "USR2", "")
+    spec = load(JobSpec, "jobs/local.yaml", ["checkpoint_dir=/scratch/run1"])
+    assert spec.train_config().train.checkpoints.as_posix() == "/scratch/run1"
