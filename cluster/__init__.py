@@ -5,7 +5,7 @@ From Python (``cluster.api``, the command line's twin): ``cluster.submit``, ``cl
 Python function on every rank (through submitit on SLURM) and ``Job.result()`` returns its value.
 """
 
-API = ("ConfigError", "FunctionFailed", "Job", "NeverStarts", "SweepJob", "dry_run", "submit", "sweep")
+API = ("ConfigError", "FunctionFailed", "Job", "NeverStarts", "SweepJob", "dry_run", "resume", "submit", "sweep")
 
 
 def __getattr__(name: str):

@@ -16,7 +16,6 @@ line, or keyword arguments (values written as YAML reads them back). Bad input r
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -24,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cluster import runs
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State
 from cluster.dependencies import CONDITIONS, dependents, parents_of, waiting_reason
 from cluster.function_job import bind, check_keywords, check_travels, code_file, parameters, split_keywords
 from cluster.goodput.ledger import format_line, ledger_of
-from cluster.jobdir import SPEC, JobDir
+from cluster.jobdir import JobDir
 from cluster.logs.report import Report
 from cluster.logs.stack_dump import ask_stacks
 from cluster.logs.triage import inspect
@@ -38,8 +38,8 @@ from cluster.provenance.reading import provenance
 from cluster.provenance.snapshot import Snapshot
 from cluster.restarts.history import restarts_used, summary
 from cluster.spec import JobSpec
-from cluster.submission import code_of, function_spec, load_spec, say_stderr
 from cluster.submission import dry_run as dry_run_loaded
+from cluster.submission import function_spec, load_spec, say_stderr
 from cluster.submission import submit as submit_loaded
 from cluster.sweeps.directory import SWEEP, Sweep, unfinished
 from cluster.sweeps.grid import create as create_sweep
@@ -47,7 +47,6 @@ from cluster.sweeps.grid import launch as launch_points
 from cluster.sweeps.grid import sweep_points
 from cluster.sweeps.table import ended, sweep_table
 from cluster.system.poll import WaitTimeout, wait_until
-from train.config import build, read_yaml
 from train.errors import ConfigError
 from train.protocol import DETERMINISTIC_EXIT, never_joined
 
@@ -64,6 +63,7 @@ __all__ = [
     "load_spec",
     "plan",
     "rerun",
+    "resume",
     "submit",
     "sweep",
 ]
@@ -165,24 +165,29 @@ def rerun(
     overrides on top. ``chosen``: why this job was the one rerun (a sweep's best point:
     ``cluster.sweeps.best``), kept in its provenance."""
     job_dir = JobDir.find(str(job), log_dir)
-    record = job_dir.provenance()
-    if record is None:
-        raise ConfigError(str(job_dir), "was submitted before the kit recorded what a job is made of: submit it anew")
-    spec_file = (job_dir / SPEC).resolve()
-    base = build(JobSpec, read_yaml(spec_file))
-    if base.program is not None and base.program.kind == "submitit":
-        raise ConfigError(str(job_dir), "is a Python function's job: call cluster.submit(fn, ...) again")
-    code = Snapshot.from_json(record["code"]) if record.get("code") else None
-    if code is not None and not Path(code.tree).is_dir():
-        raise ConfigError(str(job_dir), f"its code snapshot {code.tree} is gone from the store: it cannot run again")
     texts = override_texts(overrides, values)
-    with contextlib.chdir(record["cwd"]):
-        the_spec, the_plan = load_spec(base, texts)
-        if code is None and the_spec.snapshot.enabled:
-            code = code_of(the_spec)  # the job ran what was installed or on disk: so does its rerun
-        ref = submit_loaded(the_spec, the_plan, str(spec_file), overrides=texts, code=code,
-                            rerun_of=str(job_dir.path.resolve()), chosen=chosen)  # fmt: skip
-    return Job(ref)
+    return Job(runs.submitted_again(job_dir, texts, rerun_of=str(job_dir.path.resolve()), chosen=chosen))
+
+
+def resume(
+    job: str | Path,
+    *overrides: str,
+    log_dir: str | Path = "runs",
+    code: str = "snapshot",
+    after: list | tuple = (),
+    after_condition: str = "any",
+    **values: Any,
+) -> Job:
+    """The next job of ``job``'s run (``cluster resume``, ``cluster.runs``): from the latest
+    complete checkpoint it left, in the same checkpoint directory, with the run's code
+    snapshot (``code="now"``: the working tree), the overrides on top (``train.steps`` to train
+    on). ``after``: jobs it starts after (``job`` itself, where it still runs)."""
+    if code not in ("snapshot", "now"):
+        raise ConfigError("--code", f"snapshot (the run's) or now (the working tree), not {code!r}")
+    job_dir = JobDir.find(str(job), log_dir)
+    parents = parents_of([str(p.job_dir if isinstance(p, Job) else p) for p in after], log_dir) if after else []
+    texts = override_texts(overrides, values)
+    return Job(runs.resume(job_dir, texts, code == "now", (parents, after_condition)))
 
 
 @dataclass
@@ -272,6 +277,8 @@ class Job:
             status["culprit"] = {"rank": first["rank"], "state": first["state"], "error": error[-1] if error else ""}
             said = "the first failure: rank {rank}, {state}: {error}".format(**status["culprit"])
             status["reason"] = f"{reason}; {said}" if reason else said
+        if run := (self.provenance() or {}).get("run"):  # a job of a run that crossed jobs (cluster.runs)
+            status["run"] = run
         allowed = self.ref.job_dir.plan().get("restarts")
         if allowed:
             used = restarts_used(summary(self.ref.job_dir))
@@ -324,6 +331,10 @@ class Job:
     def rerun(self, *overrides: str, **values: Any) -> Job:
         """This job again: its code snapshot and resolved spec, the overrides on top (``cluster rerun``)."""
         return rerun(self.job_dir, *overrides, **values)
+
+    def resume(self, *overrides: str, **values: Any) -> Job:
+        """The next job of this job's run, from its latest checkpoint (``cluster resume``)."""
+        return resume(self.job_dir, *overrides, **values)
 
     def goodput(self) -> dict | None:
         """Where the job's time went so far: ``cluster logs --goodput --json``'s ``goodput``

@@ -16,13 +16,13 @@ from train.errors import ConfigError
 OWNER = ".kit-job"  # in the checkpoint directory: the path of the job directory that writes it
 
 
-def refuse_if_taken(checkpoints: str | Path, by: Path | None = None) -> None:
-    """ConfigError naming the live job that writes ``checkpoints``; ``by``: a job directory
-    allowed to hold it (the job being resumed, which ended)."""
+def refuse_if_taken(checkpoints: str | Path, parents: set[Path] = frozenset()) -> None:
+    """ConfigError naming the live job that writes ``checkpoints``, unless it is one of the
+    ``parents`` (resolved job directories) the new job starts after."""
     owner = Path(checkpoints) / OWNER
     named = owner.read_text().strip() if owner.is_file() else ""
     job_dir = JobDir(named)
-    if not named or not job_dir.plan_file.is_file() or (by is not None and job_dir.path == by):
+    if not named or not job_dir.plan_file.is_file() or job_dir.path in parents:
         return
     state = JobRef.of(job_dir).state()
     if state.live:

@@ -7,6 +7,7 @@ names as for ``python -m train`` so one override syntax serves both.
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -267,7 +268,7 @@ class JobSpec:
         return "" if targets == "B" else sig.name.removeprefix("SIG")
 
     def train_config(self) -> Config:
-        cfg = Config(**{s: getattr(self, s) for s in TRAIN_SECTIONS})
+        cfg = Config(**{s: copy.deepcopy(getattr(self, s)) for s in TRAIN_SECTIONS})  # the spec's own stay as given
         if self.stall_timeout_s is not None:
             cfg.train.stall_timeout_s = self.stall_timeout_s
         cfg.train.startup_timeout_s = self.startup_timeout_s
@@ -340,17 +341,21 @@ KIT_KEYS = {
 
 def check_kit_keys(spec: JobSpec) -> None:
     """A train key the kit sets from the job spec is refused, naming the key to set instead,
-    wherever it differs from the trainer's default (a resolved spec.yaml holds the defaults):
-    never dropped in silence. ``stall_timeout_s`` and ``preempt_signal`` are the user's where
-    the job spec does not set them (its stall_timeout_s, its signal)."""
+    where the kit would drop its value: one that is neither the trainer's default nor the one
+    the kit sets (a resolved spec.yaml holds one or the other). ``stall_timeout_s`` and
+    ``preempt_signal`` are the user's where the job spec does not set them (its
+    stall_timeout_s, its signal)."""
     given, default = spec.train, TrainConfig()
     kit = dict(KIT_KEYS)
+    sets = {"checkpoint_dir": spec.checkpoint_dir, "requeue": spec.requeue, "startup_timeout_s": spec.startup_timeout_s}
     if spec.stall_timeout_s is not None:
         kit["stall_timeout_s"] = f"the job spec's stall_timeout_s ({spec.stall_timeout_s:g} here)"
+        sets["stall_timeout_s"] = spec.stall_timeout_s
     if spec.rank_signal:
         kit["preempt_signal"] = f"the job spec's signal ({spec.signal} here)"
+        sets["preempt_signal"] = spec.rank_signal
     for name, instead in kit.items():
-        if getattr(given, name) != getattr(default, name):
+        if getattr(given, name) not in (getattr(default, name), sets.get(name)):
             raise ConfigError(f"train.{name}", f"the kit sets it for every rank: {instead}")
 
 

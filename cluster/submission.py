@@ -142,14 +142,15 @@ def submit(
     rerun_of: str = "",
     after: tuple[list[Parent], str] = ((), "ok"),
     chosen: dict | None = None,
+    run: dict | None = None,
 ) -> JobRef:
     """Submit: the code snapshot taken now (or ``code``, a sweep's or the rerun job's), what
     the job is made of recorded in its directory. ``after``: the parents it waits for and the
     condition (``cluster.dependencies``), checked first."""
     backend = backends.get(spec.cluster)
-    if spec.checkpoint_dir and not preflight_only:
-        refuse_if_taken(spec.checkpoint_dir)
     parents, condition = after
+    if spec.checkpoint_dir and not preflight_only:  # a parent may hold it: this job starts after it
+        refuse_if_taken(spec.checkpoint_dir, {Path(p.path).resolve() for p in parents})
     waiting = checked(list(parents), condition, spec.cluster) if parents else []
     dependency = ""
     if waiting and backend.traits.scheduler:
@@ -158,7 +159,7 @@ def submit(
         dependency = slurm_dependency(waiting, condition)
     if code is None and not preflight_only:
         code = code_of(spec, function)
-    record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec), chosen)
+    record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec), chosen, run)
     if waiting:
         record[DEPENDENCY] = json.dumps(dependency_record(waiting, condition), indent=1)
     prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record,

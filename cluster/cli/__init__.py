@@ -40,6 +40,7 @@ COMMANDS = {
     "diff": "what differs between two jobs, two sweep points, or a job and the working tree now: code, spec, "
     "packages, environment, nodes, outcome",
     "rerun": "submit a job again: the same code snapshot and resolved spec, overrides on top",
+    "resume": "submit the next job of a job's run: from the latest checkpoint it left, its code, overrides on top",
 }
 
 EXAMPLES = """examples:
@@ -56,6 +57,7 @@ EXAMPLES = """examples:
   python -m cluster diff runs/local/12345 runs/local/12399 --stat
   python -m cluster diff runs/local/12345          # against the working tree now
   python -m cluster rerun runs/local/12345 train.steps=400
+  python -m cluster resume runs/local/12345 train.steps=800 --wait   # go on from its latest checkpoint
 """
 
 

@@ -25,6 +25,9 @@ def run(args) -> int:
         print(json.dumps(status))
     else:
         print(f"{status['state']}: {status['reason']}" if status["reason"] else status["state"])
+        if run := status.get("run"):
+            step = "its start" if run["from_step"] is None else f"step {run['from_step']:,}"
+            print(f"job {run['job']} of run {run['id']}, resumed from {step} of {run['from']}")
         if "restarts" in status:
             r = status["restarts"]
             print(f"restarts: {r['used']} used, {r['left']} left (of {r['allowed']})")

@@ -43,6 +43,7 @@ def provenance_files(
     rerun_of: str = "",
     image: dict | None = None,
     chosen: dict | None = None,
+    run: dict | None = None,
 ) -> dict[str, str]:
     """The files that record what the job is made of, by name (``image``: the image the ranks
     run in, as its backend tells it: ``Backend.image``)."""
@@ -66,6 +67,9 @@ def provenance_files(
         record["rerun_of"] = rerun_of
     if chosen:
         record["chosen"] = chosen  # why this job was the one rerun (a sweep's best point)
+    if run:
+        record["run"] = run  # the run it goes on (cluster.runs): its id, this job's number, what it resumed
+
     files = {PROVENANCE: orjson.dumps(record, option=orjson.OPT_INDENT_2).decode(), PACKAGES: listing}
     if code is not None and code.diff:
         files[CODE_DIFF] = code.diff

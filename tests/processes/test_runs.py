@@ -5,12 +5,14 @@ words, ``cluster wait``'s exit status, a job whose launcher died."""
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
 from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from tests.support.jobs import cancel, submit, wait_for_step, wait_nothing_left
+from train.protocol import read_records
 
 pytestmark = pytest.mark.slow
 SMALL = ["tasks_per_node=2", "train.batch_size=32", "train.log_every=10", "train.eval_every=1000"]
@@ -88,3 +90,60 @@ def test_status_and_wait_say_how_a_job_ended_and_a_lost_launcher_is_told(tmp_pat
     cancel(lost_dir)
     assert status_of(lost_dir)["state"] == "CANCELLED"
     wait_nothing_left(lost_dir)
+
+
+def final(job_dir) -> dict:
+    return [r for r in read_records(job_dir / "rank_00000.jsonl") if r.get("final")][-1]
+
+
+def resumed(job_dir, *extra: str):
+    result = run_module("cluster", "resume", str(job_dir), "--json", *extra, timeout=300)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return result, (json.loads(lines[0]) if lines else None)
+
+
+def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path):
+    """jobs/local.yaml cancelled past its step-60 checkpoint, then ``cluster resume``: job 2 of
+    the run goes on from the latest checkpoint and its last losses equal, bit for bit, those of
+    the same run never stopped (the trainer's data order and state follow the step). Refused
+    with exit 2 and nothing submitted: a resume of the job while it runs, of a directory that
+    is no job, of a job that left no checkpoint, and a second resume while the first runs."""
+    runs = tmp_path / "runs"
+    run = [*SMALL, "train.steps=120", "train.ckpt_every=30"]
+    result, straight = submit("jobs/local.yaml", tmp_path / "straight", *run, wait=False)
+    assert result.returncode == 0, result.stderr
+    # rank 1 hangs at step 70 (after the step-60 checkpoint): the job runs until it is cancelled
+    result, first = submit("jobs/local.yaml", runs, *run, "train.hang_at_step=70", "train.hang_rank=1", wait=False)
+    assert result.returncode == 0, result.stderr
+    result, early = submit("jobs/local.yaml", runs, *run, "train.fail_at_step=5", wait=False)
+    assert result.returncode == 0, result.stderr
+    first_dir = runs / "local" / first["job_id"]
+    wait_for_step(first_dir, 0, 60)
+    running, _ = resumed(first_dir)
+    assert running.returncode == 2 and "is still RUNNING" in running.stderr, running.stderr
+    assert waited(runs / "local" / early["job_id"]) == 1
+    cancel(first_dir)
+    for bad, words in ((tmp_path, "not a job directory"), (runs / "local" / early["job_id"], "has no checkpoint")):
+        refused, _ = resumed(bad)
+        assert refused.returncode == 2 and words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    result, second = resumed(first_dir, "train.hang_at_step=null", "--wait")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert second["run"]["job"] == 2 and second["run"]["from_step"] == 60, second
+    # the run's checkpoints are free again once job 2 ended; job 3 trains on, and hangs until cancelled
+    again, third = resumed(first_dir, "train.steps=1000", "train.hang_at_step=130")
+    assert again.returncode == 0, again.stderr
+    twice, _ = resumed(first_dir, "train.steps=1000")
+    assert twice.returncode == 2 and f"is written by job {third['job_id']}" in twice.stderr, twice.stderr
+    assert third["run"]["from_step"] == 120
+    cancel(Path(third["log_dir"]))
+    assert sorted(p.name for p in (runs / "local").iterdir()) == sorted([first["job_id"], early["job_id"],
+                                                                       second["job_id"], third["job_id"]])  # fmt: skip
+    assert waited(tmp_path / "straight" / "local" / straight["job_id"]) == 0
+    reference = final(tmp_path / "straight" / "local" / straight["job_id"])
+    ended = final(Path(second["log_dir"]))
+    assert ended["step"] == 120 and (ended["train_loss"], ended["test_loss"]) == (
+        reference["train_loss"],
+        reference["test_loss"],
+    )
+    status = status_of(second["log_dir"])
+    assert status["state"] == "COMPLETED" and status["run"]["id"] == str(first_dir.resolve()), status

@@ -36,7 +36,7 @@ BAD = [
     (["restarts=1", "nodes=3", "min_nodes=2", "train.batch_size=36"], "min_nodes"),
     (["train.run_dir=/scratch/me/run1"], "train.run_dir"),  # keys the kit sets: refused, never dropped
     (["train.checkpoint_dir=/scratch/me/run1"], "train.checkpoint_dir"),
-    (["train.requeue=true"], "train.requeue"),
+    (["requeue=false", "train.requeue=true"], "train.requeue"),
     (["train.startup_timeout_s=60"], "train.startup_timeout_s"),
     (["train.preempt_signal=USR2"], "train.preempt_signal"),
     (["stall_timeout_s=60", "train.stall_timeout_s=30"], "train.stall_timeout_s"),
