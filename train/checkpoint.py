@@ -288,6 +288,17 @@ def latest(ckpt_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
+def candidates(ckpt_dir: Path) -> list[Path]:
+    """What a resume tries, in order: ``latest``, then every earlier published checkpoint,
+    newest first (a step directory is renamed into place once complete: ``*.tmp`` ones are
+    not). None where nothing was ever published: the run starts afresh."""
+    found = latest(ckpt_dir)
+    if found is None:
+        return []
+    earlier = [p for p in ckpt_dir.glob("step_*") if p.is_dir() and p.name.isascii() and p.name[5:].isdigit()]
+    return [found, *sorted((p for p in earlier if p.name < found.name), reverse=True)]
+
+
 def _options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions  # heavy: imported when used
 

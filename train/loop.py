@@ -369,17 +369,37 @@ class Checkpointer:
 
     def resume(self, world_size: int, tp: int) -> int:
         """The step of the latest checkpoint (0 without one), loaded, resharded where it was
-        saved by another number of ranks."""
-        found = checkpoint.latest(self.dir)
-        if found is None:
-            return 0
-        saved_world = checkpoint.saved_world_size(found)
-        if saved_world != world_size:
-            self.say(f"resharding a {saved_world}-rank checkpoint to {world_size} ranks")
-        start = checkpoint.load(found, self.trainable, self.scaler, tp)
-        self.say(f"resumed from {found} (step {start})")
-        self.writer.write("resume", step=start, path=str(found), from_world_size=saved_world)
-        return start
+        saved by another number of ranks. One that does not load on every rank (partial,
+        corrupt: any error reading it) is passed over for the one before, and said; a layout
+        it cannot be resharded to (ConfigError) is no damage and stops the run. None loading
+        stops it too: the state may hold part of one, and must not train on as if fresh."""
+        passed = []
+        for found in checkpoint.candidates(self.dir):
+            why = ""
+            try:
+                saved_world = checkpoint.saved_world_size(found)
+                start = checkpoint.load(found, self.trainable, self.scaler, tp)
+            except (ConfigError, KeyboardInterrupt, SystemExit):
+                raise
+            except (
+                BaseException
+            ) as exc:  # whatever keeps it from loading (DCP's CheckpointException is a BaseException)
+                lines = [line for line in str(exc).splitlines() if line.strip()]
+                why = f"{type(exc).__name__}: {lines[-1].strip() if lines else ''}"
+            if on_every_rank(not why, world_size > 1 and dist.is_initialized(), self.device):
+                if saved_world != world_size:
+                    self.say(f"resharding a {saved_world}-rank checkpoint to {world_size} ranks")
+                self.say(f"resumed from {found} (step {start})")
+                self.writer.write("resume", step=start, path=str(found), from_world_size=saved_world,
+                                  passed_over=passed)  # fmt: skip
+                return start
+            passed.append(found.name)
+            self.say(f"checkpoint {found} does not load ({why or 'on another rank'}): going back to the one before")
+        if passed:
+            raise RuntimeError(
+                f"no checkpoint in {self.dir} loads (tried {', '.join(passed)}): move them away to start over"
+            )
+        return 0
 
     def save(self, step: int, meter: LossMeter, distributed: bool, final: bool = False) -> None:
         """``final``: the run ends (or stops at the signal) after it: its write is waited for."""

@@ -12,7 +12,7 @@ import pytest
 from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from tests.support.jobs import cancel, submit, wait_for_step, wait_nothing_left
-from train.protocol import read_records
+from train.protocol import CHECKPOINTS, read_records
 
 pytestmark = pytest.mark.slow
 SMALL = ["tasks_per_node=2", "train.batch_size=32", "train.log_every=10", "train.eval_every=1000"]
@@ -103,8 +103,9 @@ def resumed(job_dir, *extra: str):
 
 
 def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path):
-    """jobs/local.yaml cancelled past its step-60 checkpoint, then ``cluster resume``: job 2 of
-    the run goes on from the latest checkpoint and its last losses equal, bit for bit, those of
+    """jobs/local.yaml cancelled past its step-60 checkpoint, which is then damaged, and ``cluster
+    resume``: job 2 of the run passes it over for the one before, goes on from there, and its
+    last losses equal, bit for bit, those of
     the same run never stopped (the trainer's data order and state follow the step). Refused
     with exit 2 and nothing submitted: a resume of the job while it runs, of a directory that
     is no job, of a job that left no checkpoint, and a second resume while the first runs."""
@@ -126,9 +127,15 @@ def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path)
     for bad, words in ((tmp_path, "not a job directory"), (runs / "local" / early["job_id"], "has no checkpoint")):
         refused, _ = resumed(bad)
         assert refused.returncode == 2 and words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    # rank 1's part of the latest checkpoint is cut short (a bad copy, a disk that filled): every
+    # rank passes it over together for the step-30 one, and says so
+    shard = first_dir / CHECKPOINTS / "step_0000060" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
     result, second = resumed(first_dir, "train.hang_at_step=null", "--wait")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert second["run"]["job"] == 2 and second["run"]["from_step"] == 60, second
+    log = (Path(second["log_dir"]) / "rank_00000.log").read_text()
+    assert "step_0000060 does not load" in log and "step_0000030 (step 30)" in log, log[-3000:]
     # the run's checkpoints are free again once job 2 ended; job 3 trains on, and hangs until cancelled
     again, third = resumed(first_dir, "train.steps=1000", "train.hang_at_step=130")
     assert again.returncode == 0, again.stderr

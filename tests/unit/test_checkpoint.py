@@ -12,7 +12,7 @@ from train import checkpoint
 from train.config import Config, load
 from train.dist_env import DistEnv
 from train.loop import setup
-from train.protocol import CHECKPOINTS, latest_checkpoint_step
+from train.protocol import CHECKPOINTS, latest_checkpoint_step, read_records
 
 
 @pytest.mark.parametrize("how", [[], ["train.ckpt_async=true"], ["train.ckpt_async=true", "parallel.strategy=model_parallel"]],
@@ -26,6 +26,25 @@ def test_resume_is_bitwise_identical(tmp_path, how):
     assert (tmp_path / "b" / "checkpoints" / "latest").read_text().strip() == "step_0000040"
     assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").iterdir()) == [
         "latest", "step_0000010", "step_0000020", "step_0000030", "step_0000040"]  # fmt: skip
+
+
+def test_a_latest_checkpoint_that_does_not_load_is_passed_over_for_the_one_before(tmp_path):
+    """A latest checkpoint whose files are damaged (DCP's metadata overwritten, as a full disk
+    or a bad copy leaves it) is passed over, said, for the previous one; the run ends as one
+    never stopped. With every checkpoint damaged, the run stops instead of training on from
+    a state that may hold part of one."""
+    straight = params_after(tmp_path / "a", 40)
+    params_after(tmp_path / "b", 30)
+    ckpt = tmp_path / "b" / CHECKPOINTS
+    (ckpt / "step_0000030" / ".metadata").write_bytes(b"not a checkpoint")
+    resumed = params_after(tmp_path / "b", 40)
+    assert max_diff(straight, resumed) == 0.0
+    resumes = [r for r in read_records(tmp_path / "b" / "rank_00000.jsonl") if r["event"] == "resume"]
+    assert [(r["step"], r["passed_over"]) for r in resumes] == [(20, ["step_0000030"])]
+    for step in (10, 20, 30, 40):
+        (ckpt / f"step_{step:07d}" / ".metadata").write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="no checkpoint in .* loads \\(tried step_0000040, step_0000030"):
+        params_after(tmp_path / "b", 50)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
