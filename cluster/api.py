@@ -277,7 +277,7 @@ class Job:
             status["culprit"] = {"rank": first["rank"], "state": first["state"], "error": error[-1] if error else ""}
             said = "the first failure: rank {rank}, {state}: {error}".format(**status["culprit"])
             status["reason"] = f"{reason}; {said}" if reason else said
-        if run := (self.provenance() or {}).get("run"):  # a job of a run that crossed jobs (cluster.runs)
+        if run := (self.provenance() or {}).get("run"):  # the run it belongs to (cluster.runs)
             status["run"] = run
         allowed = self.ref.job_dir.plan().get("restarts")
         if allowed:

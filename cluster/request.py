@@ -26,8 +26,8 @@ from cluster.backends.base import Traits
 from cluster.jobdir import PLAN, SCRIPT, SPEC, TRAIN_CONFIG, batch_output
 from cluster.plan import Plan, gpu_binding, plan_record
 from cluster.provenance.snapshot import Snapshot
-from cluster.spec import JobSpec
-from train.protocol import parse_time_limit_signal
+from cluster.spec import WANDB_VARIABLES, JobSpec
+from train.protocol import RUN_ID_VAR, parse_time_limit_signal
 
 PREFLIGHT_JOIN_TIMEOUT_S = 120.0  # how long preflight's rank 0 waits for every rank (spec.stall_timeout_s if set)
 # spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
@@ -204,6 +204,14 @@ def code_env(spec: JobSpec, code: Snapshot | None, pythonpath: str = "") -> dict
     return env
 
 
+def run_env(spec: JobSpec, run_id: str) -> dict[str, str]:
+    """The run's id for every rank, and the spec's tracker's resume variables made from it."""
+    if not run_id:
+        return {}
+    tracker = dict(zip(WANDB_VARIABLES, (run_id, "allow"), strict=True)) if spec.tracking == "wandb" else {}
+    return {RUN_ID_VAR: run_id, **tracker}
+
+
 def make_request(
     spec: JobSpec,
     plan: Plan,
@@ -212,9 +220,11 @@ def make_request(
     code: Snapshot | None = None,
     pythonpath: str = "",
     dependency: str = "",
+    run_id: str = "",
 ) -> Request:
     """The one translation of spec and plan into what runs (pure: ``pythonpath`` is the
-    submitter's PYTHONPATH, given, not read; ``dependency``: SLURM's --dependency)."""
+    submitter's PYTHONPATH, given, not read; ``dependency``: SLURM's --dependency; ``run_id``:
+    the training run's, cluster.runs)."""
     steps = []
     # With restarts, the allocation may hold spare nodes: each step runs on the attempt's nodes.
     # (srun would take the allocation's task count from the environment: name the step's own.)
@@ -255,7 +265,7 @@ def make_request(
     return Request(
         sbatch=tuple(sbatch_options(spec, plan, dependency)),
         srun=tuple(srun_options(spec, code)),
-        env=tuple(sorted(code_env(spec, code, pythonpath).items())),
+        env=tuple(sorted({**code_env(spec, code, pythonpath), **run_env(spec, run_id)}.items())),
         setup=tuple(spec.setup),
         steps=tuple(steps),
         launcher=spec.launcher,

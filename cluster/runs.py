@@ -4,8 +4,8 @@ last one left (whether it failed, was cancelled, met its time limit or completed
 ``train.steps`` to train on). The new job writes the same checkpoint directory (the spec's
 ``checkpoint_dir``, else the first job's ``<job dir>/checkpoints``), runs the run's code
 snapshot (``code="now"``: the working tree, a bug fixed), and keeps the run in its provenance
-(``run``: its id, the first job's directory; which job of the run it is; the job and step it
-went on from).
+(``run``: its id, which every job of the run gives its ranks as KIT_RUN_ID and a tracker as
+its run id; which job of the run it is; the job and step it went on from).
 """
 
 from __future__ import annotations
@@ -47,9 +47,10 @@ def submitted_again(job_dir: JobDir, texts: list[str], code_now: bool = False, *
 
 
 def run_of(job_dir: JobDir) -> dict:
-    """The run a job belongs to (its provenance's ``run``); a job submitted afresh starts one."""
+    """The run a job belongs to (its provenance's ``run``: every submission starts one, a resume
+    goes on with it); a job from before runs had ids, its own run, named after it."""
     record = job_dir.provenance() or {}
-    return record.get("run") or {"id": str(job_dir.path.resolve()), "job": 1}
+    return record.get("run") or {"id": f"{job_dir.path.parent.name}-{job_dir.job_id}", "job": 1}
 
 
 def resume(

@@ -27,7 +27,7 @@ from train.config import (
     require_signal,
     to_dict,
 )
-from train.protocol import PROGRAM_KINDS, parse_time_limit_signal
+from train.protocol import CHECKPOINT_DIR_VAR, PROGRAM_KINDS, RUN_ID_VAR, parse_time_limit_signal
 
 # Values interpolated into #SBATCH lines and paths: no shell syntax, no spaces.
 SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]]*$")
@@ -216,6 +216,9 @@ class JobSpec:
     # system); "": <job dir>/checkpoints. The built-in trainer writes and resumes there, a
     # program of one's own is told it (KIT_CHECKPOINT_DIR), and one live job at a time may use it.
     checkpoint_dir: str = ""
+    # wandb: every rank gets WANDB_RUN_ID (the run's id, KIT_RUN_ID) and WANDB_RESUME=allow, so
+    # that the jobs of one run (cluster resume) log to one wandb run; none: the run id alone.
+    tracking: Literal["none", "wandb"] = "none"
     sbatch_extra: list[str] = field(default_factory=list)
     preflight: bool = False  # check every rank joins and communicates before training, same allocation
     python: str = ""  # interpreter on the nodes; default: the submitting one (or "python" in a container)
@@ -293,6 +296,8 @@ class JobSpec:
             if not SAFE_TOKEN.match(getattr(self, key)):
                 raise ConfigError(key, f"{getattr(self, key)!r} contains shell metacharacters or spaces")
         for name, value in self.env.items():
+            if name in kit_variables(self):
+                raise ConfigError(f"env.{name}", f"the kit sets it for every rank ({kit_variables(self)[name]})")
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
                 raise ConfigError(f"env.{name}", "is not a valid environment variable name")
             if SHELL_META.search(value):
@@ -326,6 +331,15 @@ class JobSpec:
             )
         if self.min_nodes > self.nodes:
             raise ConfigError("min_nodes", f"{self.min_nodes} is more than nodes ({self.nodes})")
+
+
+def kit_variables(spec: JobSpec) -> dict[str, str]:
+    """The environment variables the kit sets on every rank from the spec, and from what."""
+    own = {CHECKPOINT_DIR_VAR: "checkpoint_dir", RUN_ID_VAR: "the run's id"}
+    return {**own, **(dict.fromkeys(WANDB_VARIABLES, "tracking: wandb") if spec.tracking == "wandb" else {})}
+
+
+WANDB_VARIABLES = ("WANDB_RUN_ID", "WANDB_RESUME")
 
 
 # The trainer's keys a job spec sets itself (``JobSpec.train_config``), and the key to set

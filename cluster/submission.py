@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,7 @@ def make_submission(
     code: Snapshot | None = None,
     record: dict[str, str] | None = None,
     dependency: str = "",
+    run_id: str = "",
 ) -> Submission:
     """Everything the backend gets: the request, the script ``render`` prints, the job's files.
     ``job_id``: how the script names its job (an array's task), where not SLURM's job id.
@@ -112,7 +115,7 @@ def make_submission(
     into the job directory, where submitit does not do it itself). ``code``: the snapshot the
     ranks run; ``record``: the provenance files (``cluster.provenance.record``)."""
     python = node_python(spec, plan)
-    request = make_request(spec, plan, python, preflight_only, code, inherited(), dependency)
+    request = make_request(spec, plan, python, preflight_only, code, inherited(), dependency, run_id)
     script = render(spec, plan, request, source, *([job_id] if job_id else []))
     files: dict[str, str | bytes] = {**job_files(spec, plan, script), **(record or {})}
     if function is not None:
@@ -159,11 +162,12 @@ def submit(
         dependency = slurm_dependency(waiting, condition)
     if code is None and not preflight_only:
         code = code_of(spec, function)
+    run = run or {"id": new_run_id(spec.name), "job": 1}
     record = provenance_files(spec, code, source, list(overrides), rerun_of, backend.image(spec), chosen, run)
     if waiting:
         record[DEPENDENCY] = json.dumps(dependency_record(waiting, condition), indent=1)
     prepared = make_submission(spec, plan, source, preflight_only, function=function, code=code, record=record,
-                               dependency=dependency)  # fmt: skip
+                               dependency=dependency, run_id=run["id"])  # fmt: skip
     try:
         ref = JobRef(backend.submit(prepared), backend)
     except ConfigError:  # the backend refused the job: nothing of it stays
@@ -175,6 +179,15 @@ def submit(
     return ref
 
 
+def new_run_id(name: str) -> str:
+    """A new training run's id: its job's name, the time and 4 hex digits (a tracker's run id:
+    letters, digits and '-', at most 64 characters)."""
+    return f"{name[:40]}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:
-    prepared = make_submission(spec, plan, source, code=code_of(spec, write=False))
+    # the run's id is made at submission: a dry run shows where it goes, the same each time
+    prepared = make_submission(
+        spec, plan, source, code=code_of(spec, write=False), run_id=f"{spec.name}-<at submission>"
+    )
     return backends.get(spec.cluster).dry_run(prepared)

@@ -176,6 +176,9 @@ def step_name(step: int) -> str:
 # Where every rank's checkpoints go, for a program of one's own as for the trainer: the job
 # spec's checkpoint_dir, else <job dir>/checkpoints (docs/your-own-script.md).
 CHECKPOINT_DIR_VAR = "KIT_CHECKPOINT_DIR"
+# The training run a job belongs to, the same in every job of it (cluster resume): a tracker's
+# run can be named by it (the spec's tracking sets wandb's own variables from it).
+RUN_ID_VAR = "KIT_RUN_ID"
 
 
 def latest_checkpoint_step(checkpoints: Path) -> int | None:

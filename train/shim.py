@@ -332,7 +332,9 @@ def main(argv: list[str]) -> None:
             sys.modules["torch"].set_num_threads(threads)
     writer = RecordWriter(job_dir, env.rank)
     os.environ[RECORDS_VAR] = str(writer.path)  # where a program may say what its checkpoints cost
-    os.environ[CHECKPOINT_DIR_VAR] = args.checkpoint_dir or str(job_dir / CHECKPOINTS)  # where it saves them
+    checkpoints = Path(args.checkpoint_dir or job_dir / CHECKPOINTS)  # where it saves them: made, as the trainer's
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    os.environ[CHECKPOINT_DIR_VAR] = str(checkpoints)
     writer.write(
         "start", env=env.as_record(), pid=os.getpid(), versions=runtime_versions(),
         program={"kind": kind, "target": target, "args": args.args},

@@ -25,7 +25,7 @@ def run(args) -> int:
         print(json.dumps(status))
     else:
         print(f"{status['state']}: {status['reason']}" if status["reason"] else status["state"])
-        if run := status.get("run"):
+        if (run := status.get("run")) and "from" in run:  # a job of a run that went on (cluster resume)
             step = "its start" if run["from_step"] is None else f"step {run['from_step']:,}"
             print(f"job {run['job']} of run {run['id']}, resumed from {step} of {run['from']}")
         if "restarts" in status:

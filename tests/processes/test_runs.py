@@ -153,4 +153,4 @@ def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path)
         reference["test_loss"],
     )
     status = status_of(second["log_dir"])
-    assert status["state"] == "COMPLETED" and status["run"]["id"] == str(first_dir.resolve()), status
+    assert status["state"] == "COMPLETED" and status["run"]["id"] == status_of(first_dir)["run"]["id"], status
