@@ -565,10 +565,14 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
     """2 nodes + 1 spare: at step 120 or so, every rank process of the second node is killed,
     or the node fails (minicluster.fail: its slurmd, step daemon and tasks frozen, then killed, so
     SLURM hears nothing until it marks the node down); the job goes on by itself on n1 and the spare
-    n3, from its last checkpoint."""
+    n3, from its last checkpoint. With its ranks killed, its checkpoints go to a checkpoint_dir of
+    the job spec (a shared path): they are there, none in the job directory, and the restart
+    resumes from there."""
     import torch
 
-    result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, *RESTARTS, wait=False)
+    scratch = tmp_path / "scratch"
+    elsewhere = [f"checkpoint_dir={scratch}"] if how == "ranks killed" else []
+    result, info = submit("jobs/multi_node.yaml", tmp_path, *RESUMABLE, *RESTARTS, *elsewhere, wait=False)
     job_id, job_dir = info["job_id"], tmp_path / "multi-node" / info["job_id"]
     try:
         standbys_warm(job_dir)
@@ -583,7 +587,9 @@ def test_a_lost_node_is_replaced_by_the_spare_and_the_job_ends_bitwise_equal(how
         subprocess.run(["scancel", job_id], check=False)
         minicluster.start()  # n2 back for the tests after this one
     assert state in ("COMPLETED", "GONE")
-    resumed = final_params(job_dir / FINAL)
+    checkpoints = scratch if elsewhere else job_dir / "checkpoints"
+    assert not elsewhere or (not (job_dir / "checkpoints").exists() and (scratch / "latest").is_file())
+    resumed = final_params(checkpoints / FINAL.removeprefix("checkpoints/"))
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
     code, report = logs_json(job_dir)
     first, second = report["attempts"]
