@@ -66,6 +66,7 @@ __all__ = [
     "resume",
     "submit",
     "sweep",
+    "until_done",
 ]
 
 Say = Callable[[str], None]
@@ -188,6 +189,35 @@ def resume(
     parents = parents_of([str(p.job_dir if isinstance(p, Job) else p) for p in after], log_dir) if after else []
     texts = override_texts(overrides, values)
     return Job(runs.resume(job_dir, texts, code == "now", (parents, after_condition)))
+
+
+def until_done(
+    job: Job, max_jobs: int = runs.MAX_JOBS, say: Say = say_stderr, wait: Callable[[Job], int] | None = None
+) -> tuple[Job, int]:
+    """``submit --until-done``: wait for ``job``, and while its run has not reached its last step
+    resume it (``cluster.runs.stop_reason``: not after a cancel or a deterministic failure, nor
+    after two jobs in a row without a new checkpoint, nor past ``max_jobs``). ``wait``: how to
+    wait for one job, its exit status (``Job.wait``'s by default). The last job, and its run's
+    exit status: 0 at its last step, else the last job's (1 where that was 0)."""
+    links: list[runs.Link] = []
+    before = runs.checkpoint_mark(job.ref.job_dir.checkpoints)
+    while True:
+        code = wait(job) if wait else exit_code(job.wait(say=say))
+        after = runs.checkpoint_mark(job.ref.job_dir.checkpoints)
+        state = job.status()["state"]
+        done = runs.reached_last_step(job.ref.job_dir, code == 0)
+        links.append(runs.Link(state, done, bool(after) and after != before, code == DETERMINISTIC_EXIT, bool(after)))
+        why = runs.stop_reason(links, max_jobs)
+        if why is None:
+            say(f"until done: the run reached its last step in job {job.job_id} ({len(links)} job(s))")
+            return job, 0
+        if why:
+            say(f"until done: stopped after job {job.job_id} ({state}): {why}")
+            return job, code or 1
+        job = resume(job.job_dir)
+        say(f"until done: the job ended {state} short of the last step; submitted job {job.job_id}: "
+            f"{runs.resumed_words(job.provenance()['run'])}")  # fmt: skip
+        before = after
 
 
 @dataclass

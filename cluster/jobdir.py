@@ -139,6 +139,8 @@ class JobDir:
             if not found.plan_file.exists() and not found.world_size():
                 raise ConfigError(job, "not a job directory of the kit: no plan.json and no rank's file in it")
             return found
+        if os.sep in job:
+            raise ConfigError(job, "no such job directory")
         matches = sorted(Path(log_dir).glob(f"*/{job}"))
         if not matches:
             raise ConfigError(job, f"no job directory {job!r} (looked for {log_dir}/*/{job}; pass a path or --log-dir)")

@@ -11,11 +11,16 @@ its run id; which job of the run it is; the job and step it went on from).
 from __future__ import annotations
 
 import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from cluster.backends import JobRef
 from cluster.dependencies import Parent
-from cluster.jobdir import SPEC, JobDir
+from cluster.jobdir import SPEC, TRAIN_CONFIG, JobDir
 from cluster.provenance.snapshot import Snapshot
 from cluster.spec import JobSpec
 from cluster.submission import code_of, load_spec
@@ -25,10 +30,17 @@ from train.errors import ConfigError
 from train.protocol import latest_checkpoint_step
 
 
-def submitted_again(job_dir: JobDir, texts: list[str], code_now: bool = False, **submission) -> JobRef:
+def submitted_again(
+    job_dir: JobDir,
+    texts: list[str],
+    code_now: bool = False,
+    check: Callable[[JobSpec], None] | None = None,
+    **submission,
+) -> JobRef:
     """``job_dir``'s resolved spec with ``texts`` on top, submitted from the directory it was
     submitted from (its relative paths mean what they meant), with its code snapshot (or the
-    working tree's, ``code_now``); ``submission``: ``cluster.submission.submit``'s keywords."""
+    working tree's, ``code_now``), once ``check`` passed it; ``submission``:
+    ``cluster.submission.submit``'s keywords."""
     record = job_dir.provenance()
     if record is None:
         raise ConfigError(str(job_dir), "was submitted before the kit recorded what a job is made of: submit it anew")
@@ -41,9 +53,31 @@ def submitted_again(job_dir: JobDir, texts: list[str], code_now: bool = False, *
         raise ConfigError(str(job_dir), f"its code snapshot {code.tree} is gone from the store: it cannot run again")
     with contextlib.chdir(record["cwd"]):
         spec, plan = load_spec(base, texts)
+        if check is not None:
+            check(spec)
         if code is None and spec.snapshot.enabled:
             code = code_of(spec)  # what is installed or on disk now
         return submit_loaded(spec, plan, str(spec_file), overrides=texts, code=code, **submission)
+
+
+def resumed_words(run: dict) -> str:
+    """How a job of a run went on from the one before, in words (status, resume, --until-done)."""
+    if "from" not in run:
+        return f"job 1 of run {run['id']}"
+    at = f"step {run['from_step']:,} of" if run["from_step"] is not None else "the program's own checkpoints of"
+    return f"job {run['job']} of run {run['id']}, resumed from {at} {run['from']}"
+
+
+def next_number(job_dir: JobDir, run_id: str) -> int:
+    """The number of the next job of run ``run_id``: one more than any of its jobs beside
+    ``job_dir`` has (a job resumed twice starts two jobs of the run, numbered apart)."""
+    numbers = [run_of(job_dir)["job"]]
+    for record in job_dir.path.parent.glob("*/provenance.json"):
+        with contextlib.suppress(OSError, ValueError):
+            run = json.loads(record.read_text()).get("run") or {}
+            if run.get("id") == run_id:
+                numbers.append(run["job"])
+    return max(numbers) + 1
 
 
 def run_of(job_dir: JobDir) -> dict:
@@ -77,6 +111,75 @@ def resume(
             str(job_dir), f"has no checkpoint in {checkpoints}: nothing to resume from (cluster rerun starts it over)"
         )
     run = run_of(job_dir)
-    resumed = {"id": run["id"], "job": run["job"] + 1, "from": str(job_dir.path.resolve()), "from_step": step}
-    return submitted_again(job_dir, [*texts, f"checkpoint_dir={checkpoints.resolve()}"], code_now, after=after,
-                           run=resumed)  # fmt: skip
+    resumed = {"id": run["id"], "job": next_number(job_dir, run["id"]), "from": str(job_dir.path.resolve()),
+               "from_step": step}  # fmt: skip
+
+    def trains_on(spec: JobSpec) -> None:
+        if spec.program is None and step is not None and step >= spec.train.steps:
+            raise ConfigError(
+                "train.steps", f"{job_dir} is complete at step {step:,}: raise it to train on (train.steps={step * 2})"
+            )
+
+    return submitted_again(job_dir, [*texts, f"checkpoint_dir={checkpoints.resolve()}"], code_now, trains_on,
+                           after=after, run=resumed)  # fmt: skip
+
+
+MAX_JOBS = 10  # --until-done's cap on the jobs of one run, by default
+
+
+@dataclass(frozen=True)
+class Link:
+    """One job of a run under --until-done, as it ended: its state, whether it reached the run's
+    last step, whether it left a checkpoint the job before had not, and a failure a restart
+    would repeat (exit 87)."""
+
+    state: str
+    done: bool
+    progressed: bool
+    deterministic: bool = False
+    resumable: bool = True  # a checkpoint to go on from
+
+
+def stop_reason(links: list[Link], max_jobs: int) -> str | None:
+    """None: the run reached its last step; "": submit its next job; else why the chain stops.
+    Pure (table-tested)."""
+    last = links[-1]
+    if last.done:
+        return None
+    if last.state == "CANCELLED":
+        return "its last job was cancelled"
+    if last.deterministic:
+        return "its last job failed as a restart would fail again (exit 87)"
+    if not last.resumable:
+        return "it has no checkpoint to go on from (train.ckpt_every, or the spec's signal, makes them)"
+    if len(links) >= 2 and not last.progressed and not links[-2].progressed:
+        return "two jobs in a row left no new checkpoint"
+    if len(links) >= max_jobs:
+        return f"it has had {max_jobs} jobs (--max-jobs)"
+    return ""
+
+
+def checkpoint_mark(checkpoints: Path) -> tuple:
+    """What a checkpoint directory holds, to tell a new checkpoint: the built-in trainer's latest
+    step, else the newest file's time and name (a program's own checkpoints)."""
+    step = latest_checkpoint_step(checkpoints)
+    if step is not None:
+        return (step,)
+    files = (
+        [p for p in checkpoints.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        if checkpoints.is_dir()
+        else []
+    )
+    newest = max(files, key=lambda p: p.stat().st_mtime_ns, default=None)
+    return () if newest is None else (newest.stat().st_mtime_ns, str(newest))
+
+
+def reached_last_step(job_dir: JobDir, completed: bool) -> bool:
+    """The run's last step is reached: for the built-in trainer, rank 0 recorded a step of
+    train.steps (stopped at the time-limit signal, it did not); for a program of one's own,
+    which says nothing of its steps, every rank completed."""
+    config = job_dir.path / TRAIN_CONFIG
+    if not config.is_file():
+        return completed
+    steps = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("steps")
+    return completed and any(r.get("event") == "step" and r.get("step") == steps for r in job_dir.recent_records(0))

@@ -345,8 +345,8 @@ WANDB_VARIABLES = ("WANDB_RUN_ID", "WANDB_RESUME")
 # The trainer's keys a job spec sets itself (``JobSpec.train_config``), and the key to set
 # instead: given in the train section, they would be dropped.
 KIT_KEYS = {
-    "run_dir": "the job's directory, where its logs and records go: checkpoints go where checkpoint_dir says "
-    "(checkpoint_dir=/scratch/me/run1)",
+    "run_dir": "the job's directory, <log_dir>/<name>/<job id>, where its logs and records go: set log_dir for "
+    "where jobs go (log_dir=/scratch/me/runs), checkpoint_dir for where checkpoints go (checkpoint_dir=/scratch/me/run1)",
     "checkpoint_dir": "the job spec's checkpoint_dir (checkpoint_dir=/scratch/me/run1)",
     "requeue": "the job spec's requeue (requeue=true)",
     "startup_timeout_s": "the job spec's startup_timeout_s (startup_timeout_s=900)",

@@ -18,9 +18,13 @@ MASTER = "127.0.0.1"
 
 
 def processes_of(job: JobDir) -> set[int]:
-    """The live processes of a local job: the launcher's controller (the job id), the ranks
-    its start records name (also when orphaned by a controller that died), and their children."""
+    """The live processes of a local job: the launcher's controller (the job id), the tasks its
+    account names and the ranks their start records name (also when orphaned by a controller
+    that died, while they start up too), and their children."""
     pids = {int(job.job_id)} if controller.alive(job) else set()
+    for pid in outcome.task_pids(job):  # a task's command names its job's directory
+        if processes.alive(pid) and str(job.path) in processes.command_line(pid):
+            pids.add(pid)
     for rank in range(job.world_size()):
         for rec in job.records(rank):
             pid = rec.get("pid") if rec.get("event") == "start" else None

@@ -10,6 +10,7 @@ import json
 from cluster import api
 from cluster.cli.common import job_arguments
 from cluster.cli.waiting import add_after, add_wait, after_of, wait_for
+from cluster.runs import resumed_words
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
 
@@ -32,8 +33,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps({"job_id": job.job_id, "log_dir": str(job.job_dir), "run": run}))
     else:
-        step = "its start (no checkpoint yet)" if run["from_step"] is None else f"step {run['from_step']:,}"
-        print(f"submitted job {job.job_id}: job {run['job']} of run {run['id']}, resumed from {step}")
+        print(f"submitted job {job.job_id}: {resumed_words(run)}")
         print(f"logs: {job.job_dir}")
         print(f"compare: python -m cluster diff {run['from']} {job.job_dir}")
     return wait_for(job, args.json) if args.wait else 0

@@ -6,6 +6,7 @@ import json
 
 from cluster import api
 from cluster.cli.common import job_arguments
+from cluster.runs import resumed_words
 from cluster.sweeps.directory import Sweep
 
 
@@ -26,8 +27,7 @@ def run(args) -> int:
     else:
         print(f"{status['state']}: {status['reason']}" if status["reason"] else status["state"])
         if (run := status.get("run")) and "from" in run:  # a job of a run that went on (cluster resume)
-            step = "its start" if run["from_step"] is None else f"step {run['from_step']:,}"
-            print(f"job {run['job']} of run {run['id']}, resumed from {step} of {run['from']}")
+            print(resumed_words(run))
         if "restarts" in status:
             r = status["restarts"]
             print(f"restarts: {r['used']} used, {r['left']} left (of {r['allowed']})")

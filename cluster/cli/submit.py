@@ -1,14 +1,16 @@
-"""``cluster submit SPEC [key=value ...] [--dry-run] [--wait] [--json]``: to the spec's backend."""
+"""``cluster submit SPEC [key=value ...] [--dry-run] [--wait] [--json] [--until-done]``: to the spec's
+backend; ``--until-done`` resumes the run after each job that ends short of its last step."""
 
 from __future__ import annotations
 
 import json
 
 from cluster import api
-from cluster.cli.common import say, spec_arguments, steps_json
+from cluster.cli.common import at_least, say, spec_arguments, steps_json
 from cluster.cli.waiting import add_after, add_wait, after_of, wait_for
 from cluster.dependencies import waiting_reason
 from cluster.plan import format_plan
+from cluster.runs import MAX_JOBS
 from cluster.submission import code_of, dry_run, load_spec, make_submission, submit
 
 
@@ -17,6 +19,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and script; submit nothing")
     parser.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
     add_wait(parser)
+    parser.add_argument("--until-done", action="store_true",
+                        help="wait, and resume the run (cluster resume) after each job that ends short of its last step "
+                        "(a time limit, a stop at the time-limit signal, a failure), until it reaches it; not after a "
+                        "cancel, a failure a restart would repeat, or two jobs in a row without a new checkpoint")  # fmt: skip
+    parser.add_argument("--max-jobs", type=at_least(1, int), default=MAX_JOBS,
+                        help=f"--until-done: at most this many jobs in the run (default {MAX_JOBS})")  # fmt: skip
     add_after(parser)
 
 
@@ -45,4 +53,9 @@ def run(args) -> int:
             print(f"it {waits}")
         print(f"logs: {job.job_dir}")
         print(f"inspect: python -m cluster logs {job.job_dir}")
+    if args.until_done:
+        last, code = api.until_done(job, args.max_jobs, say, lambda one: wait_for(one, args.json))
+        if args.json:  # the run's last job, after the first's line
+            print(json.dumps({"job_id": last.job_id, "log_dir": str(last.job_dir), "run": last.status()["run"]}))
+        return code
     return wait_for(job, args.json) if args.wait else 0

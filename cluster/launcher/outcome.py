@@ -17,6 +17,16 @@ TIME_LIMIT = "time limit reached"  # "time limit reached: ending the step"
 CANCELLED = re.compile(r"cancelled \((SIG[A-Z0-9]+)\)")  # "cancelled (SIGTERM): ending the step"
 
 
+TASK_STARTED = re.compile(r"^\S+\s+(?:task|node) \d+: pid (\d+): ", re.M)  # "  task 0: pid 507: python ..."
+
+
+def task_pids(job: JobDir) -> list[int]:
+    """The pids of the tasks the controller started, as its account says (before a rank's start
+    record names it: a controller killed while its ranks start up left them unnamed there)."""
+    text = job.controller_log.read_text(errors="replace") if job.controller_log.exists() else ""
+    return [int(pid) for pid in TASK_STARTED.findall(text)]
+
+
 def unwatched(job: JobDir) -> State:
     return State(
         "UNWATCHED",

@@ -11,7 +11,7 @@ import pytest
 
 from cluster.system.poll import wait_until
 from tests.conftest import run_module
-from tests.support.jobs import cancel, submit, wait_for_step, wait_nothing_left
+from tests.support.jobs import cancel, submit, wait_for_line, wait_for_step, wait_nothing_left
 from train.protocol import CHECKPOINTS, read_records
 
 pytestmark = pytest.mark.slow
@@ -90,6 +90,20 @@ def test_status_and_wait_say_how_a_job_ended_and_a_lost_launcher_is_told(tmp_pat
     cancel(lost_dir)
     assert status_of(lost_dir)["state"] == "CANCELLED"
     wait_nothing_left(lost_dir)
+    # killed while its ranks start up, before any wrote its start record: UNWATCHED all the same
+    # (the launcher's account names its tasks), and its checkpoint directory still taken
+    where = f"checkpoint_dir={tmp_path / 'young'}"
+    result, young = submit("jobs/local.yaml", runs, *SMALL, "train.steps=100000", where, wait=False)
+    assert result.returncode == 0, result.stderr
+    young_dir = runs / "local" / young["job_id"]
+    wait_for_line(young_dir / "controller.log", "task 1: pid")
+    os.kill(int(young["job_id"]), signal.SIGKILL)
+    assert status_of(young_dir)["state"] == "UNWATCHED"
+    refused, _ = submit("jobs/local.yaml", runs, *SMALL, where)
+    assert refused.returncode == 2 and f"is written by job {young['job_id']}" in refused.stderr, refused.stderr
+    cancel(young_dir)
+    assert status_of(young_dir)["state"] == "CANCELLED"
+    wait_nothing_left(young_dir)
 
 
 def final(job_dir) -> dict:
@@ -154,3 +168,31 @@ def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path)
     )
     status = status_of(second["log_dir"])
     assert status["state"] == "COMPLETED" and status["run"]["id"] == status_of(first_dir)["run"]["id"], status
+
+
+def test_until_done_resumes_the_run_after_each_stop_short_of_its_last_step(tmp_path):
+    """``submit --until-done`` with a time limit whose signal comes 5 s after each job starts,
+    before its ranks' first step: the ranks agree on it at their next log step (every 100), save
+    and stop there, and the run goes on in a new job from that checkpoint until its last step,
+    300: three jobs. Its last losses equal those of the same run never stopped."""
+    run = [*SMALL, "train.steps=300", "train.log_every=100"]
+    result, straight = submit("jobs/local.yaml", tmp_path / "straight", *run, wait=False)
+    assert result.returncode == 0, result.stderr
+    runs = tmp_path / "runs"
+    result = run_module("cluster", "submit", "jobs/local.yaml", f"log_dir={runs}", *run, "time=1", "signal=USR1@55",
+                        "--until-done", "--json", timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    first, last = (json.loads(line) for line in (result.stdout.splitlines()[0], result.stdout.splitlines()[-1]))
+    jobs = sorted((p for p in (runs / "local").iterdir()), key=lambda p: status_of(p)["run"]["job"])
+    assert len(jobs) == last["run"]["job"] >= 2 and jobs[0].name == first["job_id"] and jobs[-1].name == last["job_id"]
+    assert {status_of(p)["run"]["id"] for p in jobs} == {last["run"]["id"]}  # one run
+    for before, after in zip(jobs, jobs[1:], strict=False):
+        stopped = [r for r in read_records(before / "rank_00000.jsonl") if r["event"] == "preempted"]
+        assert stopped and status_of(after)["run"]["from_step"] == stopped[-1]["step"], (before, after)
+    assert "the run reached its last step" in result.stderr
+    assert waited(tmp_path / "straight" / "local" / straight["job_id"]) == 0
+    reference, ended = final(tmp_path / "straight" / "local" / straight["job_id"]), final(jobs[-1])
+    assert ended["step"] == 300 and (ended["train_loss"], ended["test_loss"]) == (
+        reference["train_loss"],
+        reference["test_loss"],
+    )

@@ -64,3 +64,13 @@ def test_ranks_left_by_a_dead_launcher_are_unwatched_and_a_cancel_of_them_is_sai
     assert state.kind == "running" and "cluster cancel" in state.reason
     outcome.say_cancelled(job, 143)
     assert outcome.ended(job).name == "CANCELLED"
+
+
+def test_the_tasks_a_launcher_started_are_read_from_its_account(tmp_path):
+    job = JobDir(tmp_path / "77")
+    job.path.mkdir()
+    job.controller_log.write_text(
+        "02:46:55 step train: 2 task(s)\n02:46:55   task 0: pid 507: python -P -m train\n"
+        "02:46:55   task 1: pid 508: python -P -m train\n02:47:11 task 1: Exited with exit code 1\n"
+    )
+    assert outcome.task_pids(job) == [507, 508]
