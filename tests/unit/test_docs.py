@@ -121,6 +121,6 @@ def test_every_path_the_architecture_names_exists():
 
 def test_every_command_that_starts_a_job_takes_wait_and_json():
     """What a newcomer tries first: `cluster rerun JOB --wait` was refused once."""
-    for command in (["submit", "jobs/local.yaml"], ["rerun", "runs/x/1"], ["sweep", "jobs/local.yaml", "a=1,2"],
-                    ["preflight", "jobs/local.yaml"]):  # fmt: skip
+    for command in (["submit", "jobs/local.yaml"], ["rerun", "runs/x/1"], ["resume", "runs/x/1"],
+                    ["sweep", "jobs/local.yaml", "a=1,2"], ["preflight", "jobs/local.yaml"]):  # fmt: skip
         assert refused(["python", "-m", "cluster", *command, "--wait", "--json"]) is None, command
