@@ -337,7 +337,7 @@ def test_functions_through_submitit_return_raise_and_requeue_at_their_time_limit
         job = jobs[name]
         golden = cluster.dry_run(print, **{**overrides, "name": name}).split("\n", 1)[1]
         # the run's id is made at submission: the dry run shows where it goes
-        placed = lambda text: text.replace(job.provenance()["run"]["id"], f"{name}-<at submission>")  # noqa: B023, E731
+        placed = lambda text: text.replace(job.provenance()["run"]["id"], f"{name}-at-submission")  # noqa: B023, E731
         assert golden == placed((job.job_dir / "submitit" / f"{job.job_id}_submission.sh").read_text())
         assert placed((job.job_dir / "job.sbatch").read_text()) == golden
     limited_dir = jobs["limited"].job_dir
