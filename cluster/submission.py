@@ -187,7 +187,5 @@ def new_run_id(name: str) -> str:
 
 def dry_run(spec: JobSpec, plan: Plan, source: str = "") -> str:
     # the run's id is made at submission: a dry run shows where it goes, the same each time
-    prepared = make_submission(
-        spec, plan, source, code=code_of(spec, write=False), run_id=f"{spec.name}-at-submission"
-    )
+    prepared = make_submission(spec, plan, source, code=code_of(spec, write=False), run_id=f"{spec.name}-at-submission")
     return backends.get(spec.cluster).dry_run(prepared)
