@@ -108,7 +108,9 @@ def resume(
     saved = [p for p in checkpoints.iterdir() if not p.name.startswith(".")] if checkpoints.is_dir() else []
     if not saved and not state.live:
         raise ConfigError(
-            str(job_dir), f"has no checkpoint in {checkpoints}: nothing to resume from (cluster rerun starts it over)"
+            str(job_dir),
+            f"has no checkpoint in {checkpoints}: nothing to resume from (cluster rerun starts it over; the "
+            "built-in trainer saves with train.ckpt_every=N)",
         )
     run = run_of(job_dir)
     resumed = {"id": run["id"], "job": next_number(job_dir, run["id"]), "from": str(job_dir.path.resolve()),

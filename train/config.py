@@ -121,12 +121,12 @@ class TrainConfig:
     # Process-group timeout: how long a collective waits for a dead or stuck peer.
     timeout_s: float = 300.0
     check_sync: bool = False
-    # Checkpoint every this many steps (0: only at the end, and when preempt_signal comes).
+    # Checkpoint every this many steps and at the end (0: none, but when preempt_signal comes).
     ckpt_every: int = 0
     # Write checkpoints in the background (DCP's async_save, in a process of its own): the loop
     # waits only for the state's copy to host memory, and for a previous save still writing.
     # Not the default: it holds a second copy of the state in host memory and a writing process
-    # per rank, and with ckpt_every=0 (a save only at the end, which waits for its write) it
+    # per rank, and with ckpt_every=0 (no saves but at the time-limit signal, which waits for its write) it
     # buys nothing; turn it on with ckpt_every on large states (docs/goodput.md).
     ckpt_async: bool = False
     # The signal a scheduler sends ahead of a time limit or preemption (a job spec's `signal`):

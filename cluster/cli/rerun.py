@@ -8,7 +8,7 @@ import json
 
 from cluster import api
 from cluster.cli.common import job_arguments
-from cluster.cli.waiting import add_wait, wait_for
+from cluster.cli.waiting import add_wait, submitted_again
 from cluster.sweeps.best import SUFFIX, is_best, over, rerun_best, start_later
 from cluster.sweeps.directory import Sweep
 from train.errors import ConfigError
@@ -46,10 +46,4 @@ def run(args) -> int:
     else:
         job = api.rerun(args.job, *args.overrides, log_dir=args.log_dir)
     rerun_of = job.provenance()["rerun_of"]
-    if args.json:
-        print(json.dumps({"job_id": job.job_id, "log_dir": str(job.job_dir), "rerun_of": rerun_of}))
-    else:
-        print(f"submitted job {job.job_id}, a rerun of {rerun_of}")
-        print(f"logs: {job.job_dir}")
-        print(f"compare: python -m cluster diff {rerun_of} {job.job_dir}")
-    return wait_for(job, args.json) if args.wait else 0
+    return submitted_again(job, args, {"rerun_of": rerun_of}, f"a rerun of {rerun_of}", rerun_of)

@@ -5,11 +5,9 @@ snapshot, or with ``--code now`` the working tree (``cluster diff OLD NEW`` show
 
 from __future__ import annotations
 
-import json
-
 from cluster import api
 from cluster.cli.common import job_arguments
-from cluster.cli.waiting import add_after, add_wait, after_of, wait_for
+from cluster.cli.waiting import add_after, add_wait, after_of, submitted_again
 from cluster.runs import resumed_words
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
@@ -30,10 +28,4 @@ def run(args) -> int:
     job = api.resume(args.job, *args.overrides, log_dir=args.log_dir, code=args.code,
                      after=[p.path for p in parents], after_condition=condition)  # fmt: skip
     run = job.provenance()["run"]
-    if args.json:
-        print(json.dumps({"job_id": job.job_id, "log_dir": str(job.job_dir), "run": run}))
-    else:
-        print(f"submitted job {job.job_id}: {resumed_words(run)}")
-        print(f"logs: {job.job_dir}")
-        print(f"compare: python -m cluster diff {run['from']} {job.job_dir}")
-    return wait_for(job, args.json) if args.wait else 0
+    return submitted_again(job, args, {"run": run}, resumed_words(run), run["from"])

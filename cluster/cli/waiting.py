@@ -4,6 +4,7 @@ exit with the job's verdict."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from cluster import api
@@ -40,6 +41,18 @@ def after_of(args, log_dir: str) -> tuple[list, str]:
         if words := getattr(args, flag):
             return parents_of(words, log_dir), condition
     return [], "ok"
+
+
+def submitted_again(job: api.Job, args, fields: dict, headline: str, since: str) -> int:
+    """What rerun and resume print of the job they submitted (``--json``: its id, directory and
+    ``fields``), how to compare it with the job ``since``, and ``--wait``'s end."""
+    if args.json:
+        print(json.dumps({"job_id": job.job_id, "log_dir": str(job.job_dir), **fields}))
+    else:
+        print(f"submitted job {job.job_id}, {headline}")
+        print(f"logs: {job.job_dir}")
+        print(f"compare: python -m cluster diff {since} {job.job_dir}")
+    return wait_for(job, args.json) if args.wait else 0
 
 
 def wait_for(job: api.Job, as_json: bool) -> int:
