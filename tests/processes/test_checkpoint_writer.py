@@ -65,7 +65,16 @@ def kill_mid_save(records: Path, ckpt_dir: Path, running) -> tuple[int, int]:
     writer = writer_of(start["pid"])
     os.kill(writer, signal.SIGSTOP)
     try:
-        wait_until(lambda: waiting_on_its_save(start["pid"]), 300, "the rank to wait on its save in flight", 0.5)
+
+        def held() -> bool:
+            """Waiting on a save the stopped writer holds: twice, with ``latest`` unchanged between
+            (one stack can catch the rank passing through the finish of a save already written)."""
+            before = latest(ckpt_dir)
+            return (
+                waiting_on_its_save(start["pid"]) and waiting_on_its_save(start["pid"]) and latest(ckpt_dir) == before
+            )
+
+        wait_until(held, 300, "the rank to wait on its save in flight", 0.5)
         published = int(latest(ckpt_dir).name.removeprefix("step_"))
         os.kill(start["pid"], signal.SIGKILL)
     finally:
