@@ -105,8 +105,7 @@ def resume(
         raise ConfigError("checkpoint_dir", f"a resumed job goes on in its run's: {job_dir.checkpoints}")
     checkpoints = job_dir.checkpoints
     step = latest_checkpoint_step(checkpoints)
-    saved = [p for p in checkpoints.iterdir() if not p.name.startswith(".")] if checkpoints.is_dir() else []
-    if not saved and not state.live:
+    if not checkpoint_mark(checkpoints) and not state.live:
         raise ConfigError(
             str(job_dir),
             f"has no checkpoint in {checkpoints}: nothing to resume from (cluster rerun starts it over; the "

@@ -15,8 +15,6 @@ from cluster.jobdir import JobDir
 JOB_ENDED = "job ended: exit"  # the controller's last line: "job ended: exit 1"
 TIME_LIMIT = "time limit reached"  # "time limit reached: ending the step"
 CANCELLED = re.compile(r"cancelled \((SIG[A-Z0-9]+)\)")  # "cancelled (SIGTERM): ending the step"
-
-
 TASK_STARTED = re.compile(r"^\S+\s+(?:task|node) \d+: pid (\d+): ", re.M)  # "  task 0: pid 507: python ..."
 
 
