@@ -33,7 +33,7 @@ from bench.strategies import format_averaging
 from cluster.plan import make_plan
 from cluster.spec import JobSpec
 from cluster.system import minicluster
-from fixtures.synthetic import make_job, make_sweep
+from fixtures.synthetic import make_job, make_log_root, make_sweep
 from train.config import load
 from train.protocol import read_records
 
@@ -127,6 +127,26 @@ def sweep_table_speed(points: int, rounds: int = 3) -> dict:
     seconds = statistics.median(times[1:])
     say(f"  {seconds:.2f} s")
     return {"points": points, "seconds": seconds}
+
+
+def runs_listing_speed(jobs: int, rounds: int = 3) -> dict:
+    """``cluster runs --json`` as a whole process over a log root of ``jobs`` ended synthetic
+    jobs (two a run, one in a hundred failed), the index page written too: its first listing
+    (every directory read, the index made), then the next ones (the index read, each
+    directory's time compared), page cache warm."""
+    say(f"runs listing: {jobs} job directories")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = make_log_root(Path(tmp) / "runs", jobs)
+        env, times = as_installed(tmp), []
+        for _ in range(rounds + 1):  # the first: no index yet
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "cluster", "runs", "--log-dir", str(root), "--json"],
+                                  capture_output=True, env=env)  # fmt: skip
+            times.append(time.perf_counter() - start)
+            assert len(json.loads(done.stdout)) == jobs // 2, done.stderr[-2000:]
+    first, warm = times[0], statistics.median(times[1:])
+    say(f"  first {first:.2f} s, then {warm:.2f} s")
+    return {"jobs": jobs, "first_s": first, "seconds": warm}
 
 
 def triage_speed(ranks: int, lines: int, rounds: int = 5) -> dict:
@@ -363,6 +383,11 @@ def render_markdown(r: dict) -> str:
     if w := r.get("sweep_table"):
         lines.append(f"- A sweep's table of {w['points']:,} finished points (4 ranks each): `cluster logs <sweep> --json`, "
                      f"the whole process, **{w['seconds']:.2f} s** (goal < 3 s at 1,000 points).")  # fmt: skip
+    if rl := r.get("runs_listing"):
+        lines.append(f"- Every run under a log root of {rl['jobs']:,} ended job directories: `cluster runs --json`, the "
+                     f"whole process with the root's index page, **{rl['seconds']:.2f} s** (goal <= 1 s at 10,000), "
+                     f"from the root's index of ended jobs; the first listing, which reads every directory and "
+                     f"makes that index, {rl['first_s']:.1f} s.")  # fmt: skip
     for g in r.get("pages", []):
         opens = (
             "no browser here" if g["load_ms"] is None else f"opens in headless Chromium in **{g['load_ms']:.0f} ms**"
@@ -487,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         "plan": plan_speed(),
         "triage": [triage_speed(64, 500)] if args.quick else [triage_speed(1024, 5000), triage_speed(16384, 1000)],
         "sweep_table": sweep_table_speed(20 if args.quick else 1000),
+        "runs_listing": runs_listing_speed(200 if args.quick else 10000),
         "pages": [page_speed(64, 1)] if args.quick else [page_speed(1024, rounds), page_speed(16384, rounds)],
         "checkpoints": guarded(checkpoint_costs, rounds, args.quick),
         "submit": None if args.quick or not shutil.which("sbatch") else guarded(submit_latency, rounds),

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster import runs
 from cluster.backends import JobRef, NeverStarts
 from cluster.backends.base import State
 from cluster.dependencies import CONDITIONS, dependents, parents_of, waiting_reason
@@ -37,6 +36,7 @@ from cluster.plan import Plan
 from cluster.provenance.reading import provenance
 from cluster.provenance.snapshot import Snapshot
 from cluster.restarts.history import restarts_used, summary
+from cluster.runs import resume as runs
 from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, say_stderr

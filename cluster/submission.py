@@ -16,7 +16,6 @@ from typing import Any
 from cluster import backends
 from cluster.backends import JobRef
 from cluster.backends.base import Submission
-from cluster.checkpoint_owner import refuse_if_taken, take
 from cluster.checks import check_submission, early_signal_note, unhandled_signal_note
 from cluster.dependencies import Parent, checked, slurm_dependency
 from cluster.dependencies import record as dependency_record
@@ -26,6 +25,7 @@ from cluster.provenance.record import provenance_files
 from cluster.provenance.snapshot import Snapshot, snapshot_for
 from cluster.render import render
 from cluster.request import job_files, make_request
+from cluster.runs.owner import refuse_if_taken, take
 from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections
 from train.config import ConfigError, apply_overrides, build, load, read_yaml, to_dict
 

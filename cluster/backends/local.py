@@ -31,6 +31,8 @@ def processes_of(job: JobDir) -> set[int]:
             # A pid from records can be reused by an unrelated process: keep only ours.
             if pid and processes.alive(pid) and "python" in processes.command_line(pid):
                 pids.add(pid)
+    if not pids:  # none left: no need to read every process's parent (a listing asks of thousands of jobs)
+        return set()
     return {p for p in processes.with_descendants(pids) if processes.alive(p)}
 
 

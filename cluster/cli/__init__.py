@@ -41,6 +41,8 @@ COMMANDS = {
     "packages, environment, nodes, outcome",
     "rerun": "submit a job again: the same code snapshot and resolved spec, overrides on top",
     "resume": "submit the next job of a job's run: from the latest checkpoint it left, its code, overrides on top",
+    "runs": "every training run under a log root, newest first: state, jobs, steps, loss, wall time, GPU-hours, "
+    "the last failure; and <log root>/index.html",
 }
 
 EXAMPLES = """examples:
@@ -58,6 +60,8 @@ EXAMPLES = """examples:
   python -m cluster diff runs/local/12345          # against the working tree now
   python -m cluster rerun runs/local/12345 train.steps=400
   python -m cluster resume runs/local/12345 train.steps=800 --wait   # go on from its latest checkpoint
+  python -m cluster runs --state failed --since 2d
+  python -m cluster page local-20261207-061323-68ad   # a run: its jobs' curves as one
 """
 
 

@@ -1,4 +1,4 @@
-"""``cluster logs JOB | SWEEP_DIR [--json] [--rank R|all] [--ranks 0,3-5] [--follow] [--plot F] [--goodput]``:
+"""``cluster logs JOB | SWEEP_DIR | RUN [--json] [--rank R|all] [--ranks 0,3-5] [--follow] [--plot F] [--goodput]``:
 the triage of a job (its per-rank table, first failure, cascade, hang, stragglers), or a sweep's
 table; the ranks' logs as one (``--follow``, ``--rank all``: a line several ranks wrote alike, once). Its imports are the triage's: 16,384 ranks are read in about the time ``grep -l`` takes,
 and the goodput ledger and the plots are loaded only where asked for."""
@@ -17,6 +17,7 @@ from cluster.logs.parallel import collector_paused
 from cluster.logs.text import format_report, report_json, tail
 from cluster.logs.triage import inspect, job_is_running
 from cluster.provenance.reading import one_line, provenance
+from cluster.runs.listing import find_run
 from cluster.sweeps.directory import Sweep
 from train.errors import ConfigError
 
@@ -73,6 +74,8 @@ def chosen_ranks(job_dir: JobDir, ranks: list[int] | None) -> list[int]:
 def run(args) -> int:
     if Sweep.of(args.job):
         return sweep_logs(Sweep.of(args.job), args)
+    if run_named := find_run(args.log_dir, args.job):
+        return run_logs(run_named, args)
     job_dir = JobDir.find(args.job, args.log_dir)
     if args.follow:
         from cluster.views.publish import LiveEvents  # here: TensorBoard's writer, --follow's alone
@@ -167,3 +170,34 @@ def sweep_logs(sweep: Sweep, args) -> int:
         plot_sweep(table, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 1 if any(r["state"] in ("failed", "not submitted") for r in table["points"]) else 0
+
+
+def run_logs(run, args) -> int:
+    """``cluster logs RUN``: its jobs, a line each, and its series across them (where each job
+    went on, the steps kept of each); exit 1 when its last job failed."""
+    from cluster.views.run_page import run_report  # a run's alone
+
+    report = run_report(run)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        summary = report["run"]
+        print(f"run {run.id}: {len(run.jobs)} job(s), {summary['state']}, step {summary['step']} of {summary['steps']}")
+        for job in run.jobs:
+            went_on = (
+                f"from step {job.from_step}"
+                if job.from_step is not None
+                else "from the start"
+                if job.number == 1
+                else ""
+            )
+            loss = "-" if job.loss is None else f"{job.loss:.4f}"
+            print(f"  job {job.number}  {job.path}  {job.state:<10} {went_on:<16} last step {job.step}  loss {loss}")
+            if job.culprit:
+                print(f"         {job.culprit}")
+        for name, points in sorted(report["series"].items()):
+            steps = [s for s, _ in points]
+            print(f"  {name}: {len(points)} points, steps {steps[0]}-{steps[-1]}, last {points[-1][1]:.4f}")
+        if report["goodput_line"]:
+            print(f"  {report['goodput_line']} (the time between its jobs counted as queued)")
+    return 1 if run.last_job.state == "FAILED" else 0

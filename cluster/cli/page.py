@@ -1,5 +1,5 @@
-"""``cluster page JOB | SWEEP [-o FILE] [--follow] [--json]``: the job (or the sweep) on one
-self-contained HTML page, and its TensorBoard events (``cluster.views``)."""
+"""``cluster page JOB | SWEEP | RUN [-o FILE] [--follow] [--json]``: the job (the sweep, the run)
+on one self-contained HTML page, and its TensorBoard events (``cluster.views``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 from cluster.cli.common import at_least, job_arguments, say
 from cluster.jobdir import JobDir
+from cluster.runs.listing import find_run
 from cluster.sweeps.directory import Sweep
 
 DESCRIPTION = """The job on one HTML page that opens anywhere (nothing from the network): its verdict,
@@ -15,7 +16,9 @@ provenance, nodes x GPUs, wall time and goodput; the per-rank table with the cul
 stalled ranks marked; the first failure or the hang; metrics against step; step time per rank
 over time; the goodput bar and the timeline of attempts; the ranks' logs merged, with a link to
 each rank's own. A sweep's page: its points' table (sortable), each parameter against the
-metric, every point's curve, and each point's own page. Also writes the job's TensorBoard
+metric, every point's curve, and each point's own page. A run's page (RUN: its id, as cluster
+status and cluster runs print it): its jobs, its curves across them with each job's start
+marked, its goodput with the time between jobs queued, in <log root>/<name>/<run id>/. Also writes the job's TensorBoard
 events (<job dir>/tensorboard/: `tensorboard --logdir runs/`)."""
 
 
@@ -38,6 +41,10 @@ def run(args) -> int:
     if sweep := Sweep.of(args.job):
         page, info = publish_sweep(sweep, out, args.metric, args.mode)
         return done(page, info, args.json)
+    if run_named := find_run(args.log_dir, args.job):  # a run: its jobs' curves as one
+        from cluster.views.run_page import publish_run  # as above
+
+        return done(*publish_run(run_named, out), args.json)
     job = JobDir.find(args.job, args.log_dir)
     page, info = follow_pages(job, out, args.interval, say) if args.follow else publish_once(job, out)
     return done(page, info, args.json)

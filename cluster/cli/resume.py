@@ -8,7 +8,7 @@ from __future__ import annotations
 from cluster import api
 from cluster.cli.common import job_arguments
 from cluster.cli.waiting import add_after, add_wait, after_of, submitted_again
-from cluster.runs import resumed_words
+from cluster.runs.resume import resumed_words
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
 

@@ -6,7 +6,7 @@ import json
 
 from cluster import api
 from cluster.cli.common import job_arguments
-from cluster.runs import resumed_words
+from cluster.runs.resume import resumed_words
 from cluster.sweeps.directory import Sweep
 
 

@@ -10,7 +10,7 @@ from cluster.cli.common import at_least, say, spec_arguments, steps_json
 from cluster.cli.waiting import add_after, add_wait, after_of, wait_for
 from cluster.dependencies import waiting_reason
 from cluster.plan import format_plan
-from cluster.runs import MAX_JOBS
+from cluster.runs.resume import MAX_JOBS
 from cluster.submission import code_of, dry_run, load_spec, make_submission, submit
 
 

@@ -376,3 +376,22 @@ def expected_ettr(interval_s: float, checkpoint_s: float, mtbf_s: float, recover
         return 0.0
     waste = checkpoint_s / (interval_s + checkpoint_s) + (interval_s / 2 + recovery_s) / mtbf_s
     return max(0.0, 1 - waste)
+
+
+def joined(ledgers: list[Ledger], gaps_s: list[float], redone: list[int]) -> Ledger:
+    """A run's ledger from its jobs' (in order): their pieces added up; ``gaps_s``, the time
+    between one job's end and the next one's submission, queued; ``redone``, the steps each job
+    did past the checkpoint the next one resumed from, moved from productive to lost work, at
+    that job's step time."""
+    spent = dict.fromkeys(CATEGORIES, 0.0)
+    for ledger, steps in zip(ledgers, [*redone, 0]):
+        for category, seconds in ledger.categories.items():
+            spent[category] += seconds
+        step_s = (ledger.attempts[-1].get("step_s") if ledger.attempts else None) or 0.0
+        moved = min(spent["productive"], steps * step_s)
+        spent["productive"] -= moved
+        spent["lost work"] += moved
+    spent["queued"] += sum(max(0.0, gap) for gap in gaps_s)
+    run = Ledger(sum(spent.values()), spent, gpus=max((ledger.gpus for ledger in ledgers), default=0))
+    run.checkpoint_known = all(ledger.checkpoint_known for ledger in ledgers)
+    return run

@@ -62,6 +62,22 @@ def add(series: Series, name: str, step: int, value: float) -> None:
     points.append((step, value))
 
 
+def joined_series(parts: list[tuple[Series, int | None]]) -> Series:
+    """Successive jobs' series as one run's (``parts``: each job's series and the step it
+    resumed from, None where it does not say): what the jobs before logged past that step was
+    done again, and is dropped; a step logged twice keeps the later job's value."""
+    series: Series = {}
+    for part, resumed in parts:
+        if resumed is not None:
+            for points in series.values():
+                while points and points[-1][0] > resumed:
+                    points.pop()
+        for name, points in part.items():
+            for step, value in points:
+                add(series, name, step, value)
+    return {name: points for name, points in series.items() if points}
+
+
 def rank_series(job: JobDir, rank: int, program: bool, names: set[str] | None = None) -> Series:
     """Rank ``rank``'s every series (empty before it wrote any)."""
     if not program:

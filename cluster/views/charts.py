@@ -224,6 +224,17 @@ def goodput_figure(ledger, title: str, groups: list[tuple[str, object]] = (), ba
     return fig, drawn
 
 
+def category_figure(ledger, title: str):
+    """A run's time by category as one bar (its jobs' timelines are each job's own page)."""
+    fig = new_figure(11, 1.3)
+    ax = fig.subplots()
+    category_bar(ax, ledger)
+    ettr = "unknown" if ledger.ettr is None else f"{ledger.ettr * 100:.1f} %"
+    ax.set_title(f"goodput {ettr}: {title}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 def category_bar(ax, ledger) -> None:
     """The job's wall time by category, as one bar; a share of 3 % or more is labelled."""
     left = 0.0
@@ -284,6 +295,38 @@ def metrics_figure(panels: dict[str, list[tuple[list[int], list[tuple[int, float
         ax.set_axis_off()
     fig.tight_layout()
     return fig, drawn
+
+
+def run_figure(series: dict[str, list[tuple[int, float]]], boundaries: list[tuple[int, str]]):
+    """A run's metrics against step, a panel each (losses first), one line across its jobs;
+    each job after the first marked where it went on (``boundaries``: its step, its label)."""
+    names = sorted(series, key=lambda n: ("loss" not in n.lower(), n))[:MAX_PANELS]
+    columns = min(3, max(1, len(names)))
+    rows = max(1, math.ceil(len(names) / columns))
+    fig = new_figure(11, 2.8 * rows + 0.4)
+    if not names:
+        ax = fig.subplots()
+        ax.text(0.5, 0.5, "no metrics yet", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return fig
+    axes = fig.subplots(rows, columns, squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        points = series[name]
+        (line,) = ax.plot([s for s, _ in points], [v if math.isfinite(v) else math.nan for _, v in points], lw=1.2,
+                          marker="." if len(points) < 30 else None)  # fmt: skip
+        line.set_gid(f"series-run-{name}")
+        for number, (step, label) in enumerate(boundaries):
+            mark = ax.axvline(step, color="#c62828", lw=1, ls="--")
+            mark.set_gid(f"boundary-{name}-{number}")
+            ax.text(step, 0.98, f" {label}", transform=ax.get_xaxis_transform(), fontsize=7, color="#c62828",
+                    va="top", ha="left")  # fmt: skip
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(names) :]:
+        ax.set_axis_off()
+    fig.tight_layout()
+    return fig
 
 
 def rank_words(ranks: list[int]) -> str:

@@ -30,7 +30,7 @@ def publish_job(
     page, view = write_job_page(reading, out)
     info = {"verdict": view["verdict"], "kind": view["kind"], "tensorboard": None}
     try:
-        events = events or KitEvents(job)
+        events = events or KitEvents(job / TENSORBOARD)
         events.update(reading.report, reading.program_series(), reading.ledger, hparams)
         info["tensorboard"] = str(job / TENSORBOARD)
     except OSError as exc:  # a colleague's job, read-only: the page is what was asked for
@@ -100,7 +100,7 @@ class LiveEvents:
         self.last = time.monotonic()
         try:
             reading = Reading.of(self.job, running=not over)
-            self.events = self.events or KitEvents(self.job)
+            self.events = self.events or KitEvents(self.job / TENSORBOARD)
             self.events.update(reading.report, reading.program_series(), reading.ledger)
         except OSError as exc:  # a colleague's job, read-only: the stream goes on without them
             self.failed = True

@@ -20,10 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from cluster.jobdir import JobDir
 from cluster.logs.report import Report
 from cluster.logs.series import Series
-from train.protocol import TENSORBOARD
 
 SUFFIX = ".kit"
 
@@ -48,12 +46,12 @@ def step_time_series(report: Report) -> dict[str, list[tuple[int, float]]]:
 
 
 class KitEvents:
-    """The kit's event file of one job; each ``update`` writes what is new since the last."""
+    """The kit's event file of one job (or run: ``folder``); each ``update`` writes what is new
+    since the last."""
 
-    def __init__(self, job: JobDir):
+    def __init__(self, folder: Path):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter  # lazy: for the views alone
 
-        folder = job / TENSORBOARD
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob(f"*{SUFFIX}"):  # a writer's file is whole: the last writer's alone stays
             old.unlink(missing_ok=True)

@@ -15,6 +15,7 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         "| fsdp@tp2 | 4 |",
         "busbw",
         "Log triage",
+        "Every run under a log root of 200",
         "The job page of 64 ranks",
         "## Checkpoints: what a save stops the loop for",
         "1024 nodes x 8 GPUs",

@@ -1,6 +1,6 @@
 """The browser tier: the pages of real jobs opened as people open them, in Debian's headless
 Chromium (through its chromedriver): a 4-rank job whose rank 2 crashed, a stalled job, and a
-sweep's page load with no console error; their plots render (non-empty SVG, one series per
+sweep's page, a log root's index of runs and a run's page load with no console error; their plots render (non-empty SVG, one series per
 plotted line); the culprit's row is marked; every link to a rank's log and a point's page
 resolves; a sweep's table sorts when its heading is clicked. The jobs run once, side by side."""
 
@@ -20,10 +20,11 @@ pytestmark = pytest.mark.browser
 CRASH = ["train.steps=200", "train.fail_at_step=120", "train.fail_rank=2", "train.log_every=20"]
 STALL = ["train.steps=100000", "train.log_every=5", "train.hang_at_step=20", "train.hang_rank=1",
          "train.stall_timeout_s=10", "tasks_per_node=2"]  # fmt: skip
+RUN = ["train.steps=100", "train.ckpt_every=50", "train.log_every=10", "tasks_per_node=2"]
 
 
-def page_of(target: Path) -> tuple[Path, dict]:
-    done = run_module("cluster", "page", str(target), "--json")
+def page_of(target: Path | str, *flags: str) -> tuple[Path, dict]:
+    done = run_module("cluster", "page", str(target), "--json", *flags)
     assert done.returncode == 0, done.stderr[-3000:]
     info = json.loads(done.stdout)
     return Path(info["page"]), info
@@ -48,8 +49,26 @@ def pages(tmp_path_factory):
         assert done.returncode == 0, done.stderr[-2000:]
         return "sweep", page_of(next((root / "sweep" / "local").glob("sweep-*")))
 
-    with ThreadPoolExecutor(3) as pool:
-        futures = [pool.submit(job, "crash", CRASH), pool.submit(job, "stall", STALL), pool.submit(sweep)]
+    def run() -> tuple[str, tuple[Path, dict]]:
+        """A run of two jobs (the second resumed from the first's last checkpoint, trained on) and a
+        run that failed, under one log root: the root's index page, and the run's own."""
+        where = f"log_dir={root / 'runs'}"
+        done = run_module("cluster", "submit", "jobs/local.yaml", where, *RUN, "--json", "--wait", timeout=300)
+        first = Path(json.loads(done.stdout.splitlines()[0])["log_dir"])
+        done = run_module("cluster", "resume", str(first), "train.steps=200", "--json", "--wait", timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        run_id = json.loads(done.stdout.splitlines()[0])["run"]["id"]
+        failed = run_module("cluster", "submit", "jobs/local.yaml", where, *RUN, "train.fail_at_step=30", "--wait",
+                            timeout=300)  # fmt: skip
+        assert failed.returncode == 1, failed.stderr[-2000:]
+        run_page, _ = page_of(run_id, "--log-dir", str(root / "runs"))
+        listed = run_module("cluster", "runs", "--log-dir", str(root / "runs"), "--json")
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        return "run", (run_page, {"index": root / "runs" / "index.html", "runs": json.loads(listed.stdout)})
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(job, "crash", CRASH), pool.submit(job, "stall", STALL), pool.submit(sweep),
+                   pool.submit(run)]  # fmt: skip
         return dict(f.result() for f in futures)
 
 
@@ -151,3 +170,28 @@ def test_the_sweeps_page_sorts_links_each_point_and_draws_every_curve(pages, bro
         assert console_errors(browser) == [] and re.search("completed", browser.title + browser.page_source)
     open_page(browser, page)
     screenshot(browser, tmp_path / "sweep.png")
+
+
+def test_the_index_lists_each_run_and_links_every_jobs_page_and_the_runs_own(pages, browser, tmp_path):
+    run_page, info = pages["run"]
+    assert [(r["jobs"], r["state"]) for r in info["runs"]] == [(1, "FAILED"), (2, "COMPLETED")]  # newest first
+    open_page(browser, info["index"])
+    assert console_errors(browser) == []
+    rows = dom(browser, "return Array.from(document.querySelectorAll('#run-table tbody tr')).map("
+                        "r => [r.dataset.state, r.className, r.cells[5].textContent])")  # fmt: skip
+    # the failed run stands at its last logged step, before the failure at 30
+    assert rows == [["FAILED", "culprit", "20/100"], ["COMPLETED", "", "200/200"]], rows
+    assert "train.fail_at_step=30" in dom(browser, "return document.querySelector('#run-table tr.culprit').textContent")
+    assert len(links_resolve(browser, "a.job-page")) == 3  # every job's page (--wait wrote them)
+    (run_link,) = links_resolve(browser, "a.run-page")
+    screenshot(browser, tmp_path / "index.png")
+    browser.get(run_link)
+    assert console_errors(browser) == [] and unquote(urlparse(browser.current_url).path) == str(run_page)
+    figure = dom(browser, "const f = document.getElementById('run-curves'); return [f.dataset.boundaries, "
+                          "f.querySelectorAll('g[id^=\"boundary-train_loss-\"]').length]")  # fmt: skip
+    assert figure == ["1", 1]  # job 2's start, marked
+    drawn = charts(browser)
+    assert drawn["run-curves"]["series"] >= 3 and drawn["run-curves"]["width"] > 300, drawn  # a line per metric
+    assert len(links_resolve(browser, "a.job-page")) == 2
+    screenshot(browser, tmp_path / "run.png")
+    print(f"screenshots {tmp_path / 'index.png'} {tmp_path / 'run.png'}")

@@ -168,6 +168,36 @@ def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path)
     )
     status = status_of(second["log_dir"])
     assert status["state"] == "COMPLETED" and status["run"]["id"] == status_of(first_dir)["run"]["id"], status
+    # The run is one thing to look at: one series per metric across its three jobs, each step
+    # once (a job's steps past the checkpoint the next one loaded are the later job's), equal to
+    # the run never stopped; its page and TensorBoard's events say the same.
+    run_id = status["run"]["id"]
+    shown = run_module("cluster", "logs", run_id, "--log-dir", str(runs), "--json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert [j["from_step"] for j in report["jobs"]] == [None, 30, 120]  # job 2 loaded step 30, not the damaged 60
+    assert [b["step"] for b in report["boundaries"]] == [30, 120]
+    page = run_module("cluster", "page", run_id, "--log-dir", str(runs), "--json")
+    assert page.returncode == 0, page.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(json.loads(page.stdout)["tensorboard"])
+    events.Reload()
+    losses = [(e.step, e.value) for e in events.Scalars("metrics/train_loss")]
+    steps = [step for step, _ in losses]
+    assert steps == list(range(10, steps[-1] + 1, 10)) and steps[-1] >= 120, steps
+    never_stopped = {r["step"]: r["train_loss"] for r in read_records(
+        tmp_path / "straight" / "local" / straight["job_id"] / "rank_00000.jsonl") if r["event"] == "step"}  # fmt: skip
+    assert [(s, v) for s, v in report["series"]["train_loss"] if s <= 120] == [(s, never_stopped[s]) for s in steps
+                                                                               if s <= 120]  # fmt: skip
+    assert all(abs(v - never_stopped[s]) < 1e-6 for s, v in losses if s <= 120)  # TensorBoard keeps float32
+    listed = run_module("cluster", "runs", "--log-dir", str(runs), "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["run"]: r for r in json.loads(listed.stdout)}
+    assert (rows[run_id]["jobs"], rows[run_id]["state"]) == (3, "CANCELLED") and len(rows) == 2, rows
+    failed = run_module("cluster", "runs", "--log-dir", str(runs), "--state", "failed", "--since", "1h", "--json")
+    (only,) = json.loads(failed.stdout)
+    assert only["job_dirs"] == [str(runs / "local" / early["job_id"])] and "fail_at_step=5" in only["culprit"], only
 
 
 def test_until_done_resumes_the_run_after_each_stop_short_of_its_last_step(tmp_path):

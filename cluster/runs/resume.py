@@ -93,7 +93,7 @@ def resume(
     """The next job of ``job_dir``'s run (module docstring). Bad input (exit 2): a job still
     waiting or running unless it is among ``after``'s parents, a job with no checkpoint, a
     ``checkpoint_dir`` override (the run's is where its checkpoints are); a second resume of a
-    run already resuming is refused by the checkpoint directory's owner (cluster.checkpoint_owner)."""
+    run already resuming is refused by the checkpoint directory's owner (cluster.runs.owner)."""
     state = JobRef.of(job_dir).state()
     waits_for_it = any(Path(p.path).resolve() == job_dir.path.resolve() for p in after[0])
     if state.live and not waits_for_it:
