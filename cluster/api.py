@@ -203,10 +203,9 @@ def until_done(
     before = runs.checkpoint_mark(job.ref.job_dir.checkpoints)
     while True:
         code = wait(job) if wait else exit_code(job.wait(say=say))
-        after = runs.checkpoint_mark(job.ref.job_dir.checkpoints)
         state = job.status()["state"]
-        done = runs.reached_last_step(job.ref.job_dir, code == 0)
-        links.append(runs.Link(state, done, bool(after) and after != before, code == DETERMINISTIC_EXIT, bool(after)))
+        link, before = runs.link_after(job.ref.job_dir, state, code, before)
+        links.append(link)
         why = runs.stop_reason(links, max_jobs)
         if why is None:
             say(f"until done: the run reached its last step in job {job.job_id} ({len(links)} job(s))")
@@ -217,7 +216,6 @@ def until_done(
         job = resume(job.job_dir)
         say(f"until done: the job ended {state} short of the last step; submitted job {job.job_id}: "
             f"{runs.resumed_words(job.provenance()['run'])}")  # fmt: skip
-        before = after
 
 
 @dataclass
@@ -424,10 +422,13 @@ def sweep(
     max_parallel: int | None = None,
     say: Say = say_stderr,
     spec: str | Path | None = None,
+    until_done: int | None = None,
     **values: Any,
 ) -> SweepJob:
     """Start a sweep (``cluster sweep``): the cartesian product of ``grid`` (and of overrides
     with comma-separated values), or the listed ``points``; every point is validated first.
+    ``until_done=N``: each point a run resumed in new jobs until its last step, at most N
+    (``cluster sweep --until-done --max-jobs N``).
 
     A function's sweep, ``sweep(fn, *args, grid=..., spec=..., **overrides)``: each point is a
     job of ``fn(*args, **its arguments)``; a key of ``grid``, of a point or of the keywords that
@@ -443,7 +444,7 @@ def sweep(
     listed = None if points is None else [override_texts(values=p) for p in points]
     if not callable(job):
         fixed, point_texts = sweep_points(override_texts(overrides, values), axes, listed)
-        return start_sweep(str(job), fixed, point_texts, max_parallel, say)
+        return start_sweep(str(job), fixed, point_texts, max_parallel, say, until_done=until_done)
     import cloudpickle  # lazy, as submit's: only a function's sweep needs them
     from submitit.helpers import DelayedSubmission
 
@@ -458,7 +459,8 @@ def sweep(
     check_travels(job, overrides, given)
     delayed = DelayedSubmission(job, *overrides, **given)
     delayed.code_file = code_file(job)
-    return start_sweep(str(spec or ""), fixed, point_texts, max_parallel, say, cloudpickle.dumps(delayed), arguments)
+    return start_sweep(str(spec or ""), fixed, point_texts, max_parallel, say, cloudpickle.dumps(delayed), arguments,
+                       until_done)  # fmt: skip
 
 
 def start_sweep(
@@ -469,8 +471,11 @@ def start_sweep(
     say: Say,
     function: bytes | None = None,
     arguments: list[str] = (),
+    until_done: int | None = None,
 ) -> SweepJob:
-    created = create_sweep(job, fixed, points, max_parallel, say, function, arguments)
+    """A sweep created and its points launched; ``until_done``: each point a run that goes on
+    in new jobs until its last step, at most this many (``submit --until-done``'s rule)."""
+    created = create_sweep(job, fixed, points, max_parallel, say, function, arguments, until_done)
     launch_points(created, list(range(len(points))), max_parallel, say)
     return SweepJob(created)
 

@@ -6,6 +6,7 @@ import json
 
 from cluster import api
 from cluster.cli.common import at_least, say
+from cluster.runs.resume import MAX_JOBS
 from cluster.sweeps.grid import dry_run, read_points, sweep_points
 from cluster.sweeps.table import format_sweep
 from train.errors import ConfigError
@@ -36,6 +37,11 @@ def add_arguments(parser) -> None:
         "--dry-run", action="store_true", help="print the points and what point 0 would run; run nothing"
     )
     parser.add_argument("--json", action="store_true", help='print {"sweep_dir": ..., "points": N, ...}')
+    parser.add_argument("--until-done", action="store_true",
+                        help="each point a run: resumed in a new job after one that ends short of its last step "
+                        "(its time limit), as submit --until-done does; the points run through the runner, not an array")  # fmt: skip
+    parser.add_argument("--max-jobs", type=at_least(1, int), default=MAX_JOBS,
+                        help=f"--until-done: at most this many jobs in a point's run (default {MAX_JOBS})")  # fmt: skip
     parser.add_argument(
         "--wait", action="store_true", help="wait for every point, print the table; exit 1 if one failed"
     )
@@ -57,7 +63,8 @@ def run(args) -> int:
         if args.dry_run:
             print(dry_run(args.job, fixed, points, args.max_parallel, say))
             return 0
-        sweep = api.start_sweep(args.job, fixed, points, args.max_parallel, say)
+        sweep = api.start_sweep(args.job, fixed, points, args.max_parallel, say,
+                                until_done=args.max_jobs if args.until_done else None)  # fmt: skip
         limit = sweep.sweep.config()["max_parallel"]
         if args.json:
             print(json.dumps({"sweep_dir": str(sweep.path), "points": len(points), "max_parallel": limit}))

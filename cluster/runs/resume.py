@@ -27,7 +27,7 @@ from cluster.submission import code_of, load_spec
 from cluster.submission import submit as submit_loaded
 from train.config import build, read_yaml
 from train.errors import ConfigError
-from train.protocol import latest_checkpoint_step
+from train.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step
 
 
 def submitted_again(
@@ -158,6 +158,15 @@ def stop_reason(links: list[Link], max_jobs: int) -> str | None:
     if len(links) >= max_jobs:
         return f"it has had {max_jobs} jobs (--max-jobs)"
     return ""
+
+
+def link_after(job_dir: JobDir, state: str, code: int, before: tuple) -> tuple[Link, tuple]:
+    """How a job of a run ended, as --until-done decides on it (``code``: its exit status as
+    ``--wait`` gives it; ``before``: the checkpoint mark before it ran), and the mark it left
+    (the next job's ``before``)."""
+    after = checkpoint_mark(job_dir.checkpoints)
+    done = reached_last_step(job_dir, code == 0)
+    return Link(state, done, bool(after) and after != before, code == DETERMINISTIC_EXIT, bool(after)), after
 
 
 def checkpoint_mark(checkpoints: Path) -> tuple:

@@ -203,16 +203,20 @@ def create(
     say,
     function: bytes | None = None,
     arguments: list[str] = (),
+    until_done: int | None = None,
 ) -> Sweep:
     """A new sweep's directory, every point validated first; nothing runs yet (``start``).
     ``function``: a function's sweep (its pickle; ``job`` the spec file, or "" for the
-    defaults), ``arguments`` the keys of the points that are the function's."""
+    defaults), ``arguments`` the keys of the points that are the function's; ``until_done``: each
+    point resumed after a job that ends short of its last step, at most this many jobs."""
     if not points:
         raise ConfigError("sweep", "no points: sweep a key with comma-separated values (optim.lr=0.01,0.1) or --points")
     loaded = check_points(job, fixed, points, say, None if function is None else list(arguments))
     spec = loaded[0][0]
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError("--max-parallel", f"must be at least 1, got {max_parallel}")
+    if until_done is not None and (until_done < 1 or function is not None):
+        raise ConfigError("--until-done", "a spec's points alone (a function's have no checkpoints), at least 1 job")
     base = next_path(spec)
     base.parent.mkdir(parents=True, exist_ok=True)
     for n in itertools.count():
@@ -225,7 +229,8 @@ def create(
     limit = parallel_limit(spec, len(points), max_parallel)
     code = code_of(spec, say=say)  # once: every point runs the code as it is now
     config = {"job": job, "cwd": str(Path.cwd()), "cluster": spec.cluster, "fixed": fixed, "points": points,
-              "max_parallel": limit, "python": sys.executable, "code": code.to_json() if code else None}  # fmt: skip
+              "max_parallel": limit, "python": sys.executable, "code": code.to_json() if code else None,
+              "until_done": until_done}  # fmt: skip
     if function is not None:
         (path / FUNCTION).write_bytes(function)
         config["function"] = {"arguments": list(arguments)}
@@ -238,7 +243,8 @@ def launch(sweep: Sweep, indices: list[int], max_parallel: int | None, say) -> s
     allocation, else the sweep's runner. Which it was: "array" or "runner"."""
     config = sweep.config()
     backend, limit = backends.get(config["cluster"]), max_parallel or config["max_parallel"]
-    if isinstance(backend, Arrays) and "function" not in config:  # a function's points: one job each
+    # a function's points: one job each; --until-done's: the runner resumes each one on its own
+    if isinstance(backend, Arrays) and "function" not in config and not config.get("until_done"):
         # sweep.json read once: a point's overrides from it, not a read of it per point
         overrides = [point_overrides(config["fixed"], config["points"][i], sweep.path, i) for i in indices]
         jobs = submissions(config["job"], overrides, backend, sweep.code(config), record=True)

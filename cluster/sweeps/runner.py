@@ -1,7 +1,10 @@
 """A sweep's runner (``python -m cluster.sweeps.runner SWEEP_DIR MAX_PARALLEL POINT...``):
 submits the points through the spec's backend, at most MAX_PARALLEL unfinished at once, and
 records each submission in the sweep's jobs.jsonl. A point that fails to submit or to run
-does not stop the others. Started by ``cluster.sweeps.start``; its account goes to runner.log."""
+does not stop the others. With ``until_done`` in sweep.json (``cluster sweep --until-done``),
+a point whose job ends short of its last step is resumed in a new job of its run, by
+``submit --until-done``'s rule (``cluster.runs.resume.stop_reason``). Started by
+``cluster.sweeps.start``; its account goes to runner.log."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from cluster.api import Job, submit_function
+from cluster.api import Job, exit_code, resume, submit_function
+from cluster.runs.resume import Link, checkpoint_mark, link_after, resumed_words, stop_reason
 from cluster.submission import load_spec, submit
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.grid import split_point
@@ -39,10 +43,30 @@ def submit_point(sweep: Sweep, config: dict, index: int) -> Job:
     return submit_function(delayed, config["job"] or None, overrides, code=sweep.code(config))
 
 
+def goes_on(sweep: Sweep, index: int, job: Job, links: list[Link], before: tuple, max_jobs: int) -> tuple | None:
+    """--until-done's decision on a point's ended job: the point's next job submitted (in
+    the sweep's record) and its checkpoint mark, or None where the point's run is over."""
+    link, after = link_after(job.ref.job_dir, job.status()["state"], exit_code(job.report(running=False)), before)
+    links.append(link)
+    why = stop_reason(links, max_jobs)
+    if why is None:
+        say(f"point {index}: reached its last step in job {job.job_id} ({len(links)} job(s))")
+        return None
+    if why:
+        say(f"point {index}: stopped after job {job.job_id} ({link.state}): {why}")
+        return None
+    resumed = resume(job.job_dir)
+    say(f"point {index}: job {job.job_id} ended {link.state} short of its last step; submitted job "
+        f"{resumed.job_id}: {resumed_words(resumed.provenance()['run'])}")  # fmt: skip
+    sweep.record(index, job_dir=str(resumed.job_dir))
+    return resumed, after
+
+
 def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
     config = sweep.config()
     os.chdir(config["cwd"])  # the spec's path and its relative paths are the submitter's
     running: dict[int, Job] = {}
+    chains: dict[int, tuple[list[Link], tuple]] = {}  # --until-done: each point's jobs so far, its last mark
     # Cancelled (cluster.sweeps.directory's stop_runner): no point starts after this; the running ones end.
     signal.signal(signal.SIGTERM, lambda *_: queue.clear())
 
@@ -52,6 +76,10 @@ def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
             if job.done():
                 say(f"point {index}: job {job.job_id} ended")
                 del running[index]
+                if config.get("until_done") and (next_job := goes_on(sweep, index, job, *chains[index],
+                                                                     config["until_done"])):  # fmt: skip
+                    running[index], mark = next_job
+                    chains[index] = (chains[index][0], mark)
         while queue and len(running) < max_parallel:
             index = queue.pop(0)
             try:
@@ -63,6 +91,7 @@ def run(sweep: Sweep, max_parallel: int, queue: list[int]) -> None:
             say(f"point {index}: submitted job {job.job_id} ({' '.join(config['points'][index])})")
             sweep.record(index, job_dir=str(job.job_dir))
             running[index] = job
+            chains[index] = ([], checkpoint_mark(job.ref.job_dir.checkpoints))
         return not queue and not running
 
     wait_until(one_round, math.inf, "the sweep's points", POLL_S)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.api import SweepJob
 from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from tests.support.jobs import cancel, submit, wait_for_line, wait_for_step, wait_nothing_left
@@ -204,10 +205,17 @@ def test_until_done_resumes_the_run_after_each_stop_short_of_its_last_step(tmp_p
     """``submit --until-done`` with a time limit whose signal comes 5 s after each job starts,
     before its ranks' first step: the ranks agree on it at their next log step (every 100), save
     and stop there, and the run goes on in a new job from that checkpoint until its last step,
-    300: three jobs. Its last losses equal those of the same run never stopped."""
+    300: three jobs. Its last losses equal those of the same run never stopped. Beside it, a
+    sweep of two points ``--until-done`` under the same limit: each point a run of two jobs to
+    its last step, 200, its table completed."""
     run = [*SMALL, "train.steps=300", "train.log_every=100"]
     result, straight = submit("jobs/local.yaml", tmp_path / "straight", *run, wait=False)
     assert result.returncode == 0, result.stderr
+    swept = run_module("cluster", "sweep", "jobs/local.yaml", f"log_dir={tmp_path / 'sweep'}", *SMALL, "time=1",
+                       "signal=USR1@55", "train.steps=200", "train.log_every=100", "optim.lr=0.05,0.1",
+                       "--max-parallel", "2", "--until-done", "--json")  # fmt: skip
+    assert swept.returncode == 0, swept.stderr
+    sweep_dir = json.loads(swept.stdout)["sweep_dir"]
     runs = tmp_path / "runs"
     result = run_module("cluster", "submit", "jobs/local.yaml", f"log_dir={runs}", *run, "time=1", "signal=USR1@55",
                         "--until-done", "--json", timeout=900)  # fmt: skip
@@ -226,3 +234,11 @@ def test_until_done_resumes_the_run_after_each_stop_short_of_its_last_step(tmp_p
         reference["train_loss"],
         reference["test_loss"],
     )
+    table = SweepJob.attach(sweep_dir).wait(timeout=600)
+    assert [row["state"] for row in table["points"]] == ["completed", "completed"], table
+    for row in table["points"]:
+        point = status_of(row["job_dir"])["run"]
+        assert (point["job"], point["from_step"]) == (2, 100), point  # stopped at its first log step, then done
+        assert final(Path(row["job_dir"]))["step"] == 200
+    runner_log = (Path(sweep_dir) / "runner.log").read_text()
+    assert runner_log.count("short of its last step; submitted job") == 2, runner_log
