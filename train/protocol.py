@@ -124,6 +124,9 @@ ATTEMPT_VAR = "KIT_ATTEMPT"
 # after a restart, a bad configuration, an import error) and is therefore not restarted: a
 # scheduler wrapper or a person can tell "do not retry" from any rank's own exit code.
 DETERMINISTIC_EXIT = 87
+# What a rank's shim writes in its log when the job's time-limit signal (the spec's `signal`)
+# came: a program of one's own that then ends stopped short of its last step (--until-done).
+TIME_LIMIT_CAME = "came (the job's time-limit signal"
 # What preflight's rank 0 prints when ranks never joined; with restarts, their nodes are left out.
 NEVER_JOINED = re.compile(r"rank\(s\) \[([\d, ]+)\] never joined")
 

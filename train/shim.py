@@ -62,6 +62,7 @@ from train.protocol import (
     DUMP_SIGNAL,
     PROGRAM_KINDS,
     RECORDS_VAR,
+    TIME_LIMIT_CAME,
     ProgressFile,
     RecordWriter,
     log_name,
@@ -193,9 +194,7 @@ def run_command(command: str, args: list[str], time_limit: signal.Signals | None
 def say_came(sig: signal.Signals, then: str) -> None:
     """In the rank's log, that the time-limit signal came. One os.write: a handler can run in
     the middle of the program's own writes."""
-    os.write(
-        2, f"{stamp()}shim: {sig.name} came (the job's time-limit signal, `signal:` in the spec); {then}\n".encode()
-    )
+    os.write(2, f"{stamp()}shim: {sig.name} {TIME_LIMIT_CAME}, `signal:` in the spec); {then}\n".encode())
 
 
 class ProgramSignals:
@@ -203,7 +202,7 @@ class ProgramSignals:
 
     The time-limit signal (``time_limit``), whose default action would kill the rank: until the
     program installs its own handler, the shim's says that it came, keeps it, and lets the
-    program run on. A program's start-up (torch's import, the process group) takes seconds, more
+    program run on; once it has one, the shim's says that it came and runs the program's. A program's start-up (torch's import, the process group) takes seconds, more
     on a loaded node, and the signal can come then (SLURM sends it up to 60 s early; a requeued
     job with a short limit gets it as it starts): the program gets the kept signal at its first
     optimizer step after it installs a handler, once.
@@ -237,6 +236,14 @@ class ProgramSignals:
             programs[noted] = handler
             return noted
 
+        def announcing(handler):
+            def announced(signum, frame):  # in the log, whoever handles it: --until-done reads it
+                say_came(self.sig, "to the program's own handler")
+                return handler(signum, frame)
+
+            programs[announced] = handler
+            return announced
+
         @functools.wraps(self.lookup)
         def getsignal(signalnum):
             return shown(self.lookup(signalnum))
@@ -245,6 +252,8 @@ class ProgramSignals:
         def set_handler(signalnum, handler):
             if signalnum == time_limit and handler == signal.SIG_DFL:
                 handler = self.came  # no handler of the program's: the signal still never kills the rank
+            elif signalnum == time_limit and callable(handler) and handler != self.came:
+                handler = announcing(handler)
             elif signalnum == signal.SIGTERM:
                 return shown(dumps_kept(install, noting(handler) if callable(handler) else handler))
             return shown(install(signalnum, handler))

@@ -27,7 +27,7 @@ from cluster.submission import code_of, load_spec
 from cluster.submission import submit as submit_loaded
 from train.config import build, read_yaml
 from train.errors import ConfigError
-from train.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step
+from train.protocol import DETERMINISTIC_EXIT, TIME_LIMIT_CAME, latest_checkpoint_step, progress_name, read_progress
 
 
 def submitted_again(
@@ -165,7 +165,7 @@ def link_after(job_dir: JobDir, state: str, code: int, before: tuple) -> tuple[L
     ``--wait`` gives it; ``before``: the checkpoint mark before it ran), and the mark it left
     (the next job's ``before``)."""
     after = checkpoint_mark(job_dir.checkpoints)
-    done = reached_last_step(job_dir, code == 0)
+    done = reached_last_step(job_dir, code == 0, state == "COMPLETED")
     return Link(state, done, bool(after) and after != before, code == DETERMINISTIC_EXIT, bool(after)), after
 
 
@@ -184,12 +184,19 @@ def checkpoint_mark(checkpoints: Path) -> tuple:
     return () if newest is None else (newest.stat().st_mtime_ns, str(newest))
 
 
-def reached_last_step(job_dir: JobDir, completed: bool) -> bool:
-    """The run's last step is reached: for the built-in trainer, rank 0 recorded a step of
-    train.steps (stopped at the time-limit signal, it did not); for a program of one's own,
-    which says nothing of its steps, every rank completed."""
+def reached_last_step(job_dir: JobDir, completed: bool, exited_0: bool) -> bool:
+    """The run's last step is reached: for the built-in trainer, every rank completed and rank
+    0 recorded a step of train.steps (stopped at the time-limit signal, it did not); for a
+    program of one's own, which says nothing of its steps, every rank exited 0 (``exited_0``:
+    the job COMPLETED; a job that found nothing left to do makes no step, which the triage
+    does not call completed), and either the time-limit signal never came (a program stops
+    early at it, saving: jobs/train_cnn.py) or it came to a job that made no step."""
     config = job_dir.path / TRAIN_CONFIG
     if not config.is_file():
-        return completed
+        if not exited_0:
+            return False
+        logs = job_dir.rank_log_files(0, job_dir.names())
+        came = bool(logs) and TIME_LIMIT_CAME in Path(logs[-1]).read_text(errors="replace")
+        return not came or read_progress(job_dir.path / progress_name(0)) is None
     steps = (yaml.safe_load(config.read_text()) or {}).get("train", {}).get("steps")
     return completed and any(r.get("event") == "step" and r.get("step") == steps for r in job_dir.recent_records(0))

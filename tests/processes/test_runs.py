@@ -242,3 +242,26 @@ def test_until_done_resumes_the_run_after_each_stop_short_of_its_last_step(tmp_p
         assert final(Path(row["job_dir"]))["step"] == 200
     runner_log = (Path(sweep_dir) / "runner.log").read_text()
     assert runner_log.count("short of its last step; submitted job") == 2, runner_log
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_your_own_script_goes_on_until_done_from_where_it_stopped_at_the_signal(tmp_path, launcher):
+    """jobs/train_cnn.py, unchanged, ``--until-done`` with a time-limit signal 5 s into each job:
+    the script agrees on it at its next log step (2000: more than 5 s of steps), saves in
+    KIT_CHECKPOINT_DIR and exits 0; the kit, having seen the signal come, takes that for a stop
+    short of the end and resumes the run, which goes on from the script's own checkpoint to its
+    last step (4000). The job that finds nothing left to do ends the chain."""
+    scratch = tmp_path / "scratch"
+    cnn = ["cluster=local", "nodes=1", "gpus_per_node=0", "tasks_per_node=2", f"program.launcher={launcher}",
+           f"checkpoint_dir={scratch}", "time=1", "signal=USR1@55", "requeue=false",
+           'program.args=["--steps", "4000", "--log-every", "2000", "--ckpt-every", "2000"]']  # fmt: skip
+    result = run_module("cluster", "submit", "jobs/cnn.yaml", f"log_dir={tmp_path / 'runs'}", *cnn, "--until-done",
+                        "--json", timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    jobs = sorted((tmp_path / "runs" / "cnn").iterdir(), key=lambda p: status_of(p)["run"]["job"])
+    logs = [(job / "rank_00000.log").read_text() for job in jobs]
+    assert "stopping at step 2000" in logs[0], logs[0][-2000:]
+    assert f"resumed from {scratch}/cnn.pt at step 2000" in logs[1], logs[1][-2000:]
+    assert "step 4000/4000" in logs[1] and "step 4000/4000" not in "".join(logs[2:])
+    assert len(jobs) <= 3 and {status_of(j)["run"]["id"] for j in jobs} == {status_of(jobs[0])["run"]["id"]}
+    assert "the run reached its last step" in result.stderr, result.stderr[-2000:]

@@ -111,12 +111,17 @@ def test_a_kept_time_limit_signal_goes_to_the_programs_handler_once_and_never_to
 
 def test_the_program_sees_no_handler_where_the_shims_is_and_its_default_never_kills(kept):
     """As without the kit, the program sees the default disposition (Lightning installs its SLURM
-    auto-requeue only where no handler is); the default it sets back is the shim's handler."""
+    auto-requeue only where no handler is), and its own handler where it set one (the shim's
+    runs it, saying that the signal came: --until-done reads that); the default it sets back is
+    the shim's handler."""
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGUSR1) == kept.lookup(signal.SIGUSR1)  # the other signals as they are
-    mine = lambda signum, frame: None  # noqa: E731
+    got = []
+    mine = lambda signum, frame: got.append(signum)  # noqa: E731
     assert signal.signal(signal.SIGUSR2, mine) is signal.SIG_DFL
-    assert signal.getsignal(signal.SIGUSR2) is mine and kept.lookup(signal.SIGUSR2) is mine
+    assert signal.getsignal(signal.SIGUSR2) is mine and kept.lookup(signal.SIGUSR2) is not mine
+    os.kill(os.getpid(), signal.SIGUSR2)
+    wait_until(lambda: got, 30, "the program's handler, through the shim's")
     assert signal.signal(signal.SIGUSR2, signal.SIG_DFL) is mine  # as Lightning's teardown puts it back
     assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL and kept.lookup(signal.SIGUSR2) == kept.came
     os.kill(os.getpid(), signal.SIGUSR2)  # the default would end this process
