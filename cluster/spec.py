@@ -71,9 +71,9 @@ class ContainerSpec:
     # none: bare metal; pyxis: srun --container-image (enroot); apptainer: srun apptainer exec --nv.
     # cluster=docker runs image itself, whatever the runtime (which is for SLURM).
     runtime: Literal["none", "pyxis", "apptainer"] = "none"
-    image: str = ""
-    mounts: list[str] = field(default_factory=list)
-    workdir: str = ""
+    image: str = ""  # the image every rank runs in (docker, podman, apptainer)
+    mounts: list[str] = field(default_factory=list)  # host:container paths mounted into it
+    workdir: str = ""  # the ranks' working directory inside it
 
     def validate(self, prefix: str) -> None:
         if self.runtime != "none" and not self.image:
@@ -90,7 +90,7 @@ class SnapshotSpec:
     work tree that holds the program, or its directory. ``snapshot: false`` runs what is on disk
     when the ranks start."""
 
-    enabled: bool = True
+    enabled: bool = True  # freeze the code at submission, and run that copy
     exclude: list[str] = field(default_factory=list)  # glob patterns of paths left out, beside .gitignore's
     # A code tree is a few MB; over 100 MB it almost always holds data, checkpoints or an
     # environment that belong in .gitignore or exclude (and a snapshot of 100 MB takes about 1 s).
@@ -119,13 +119,13 @@ class ProgramSpec:
     rank shim (``train.shim``) gives it the torchrun environment, its per-rank log, stacks,
     progress and records."""
 
-    script: str = ""
-    module: str = ""
-    function: str = ""
-    command: str = ""
-    submitit: str = ""
-    args: list[StrictStr] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    script: str = ""  # your script, as `torchrun script.py` takes it
+    module: str = ""  # a module run as `python -m module`
+    function: str = ""  # module:function, called with kwargs
+    command: str = ""  # any executable, run on every rank
+    submitit: str = ""  # set by cluster.submit(fn): a pickled function's job
+    args: list[StrictStr] = field(default_factory=list)  # the program's arguments, a list: ["--steps", "100"]
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of program.function
     # per_task: one process per rank (srun, or the local launcher) with torchrun's environment;
     # torchrun: one torchrun agent per node, for scripts that rely on torchrun's agent.
     launcher: Literal["per_task", "torchrun"] = "per_task"
@@ -169,29 +169,29 @@ class ProgramSpec:
 
 @dataclass
 class JobSpec:
-    name: str = "train"
+    name: str = "train"  # the job's name: its folder under log_dir, SLURM's --job-name
     # The backend (cluster.backends): slurm: sbatch; local: this machine, one node; docker: one
     # container per node on this machine, from container.image (the Docker SDK; try a
     # multi-node job in the image).
     cluster: str = "slurm"
-    nodes: int = 1
-    gpus_per_node: int = 0
+    nodes: int = 1  # nodes the job runs on (SLURM's --nodes; torchrun's --nnodes)
+    gpus_per_node: int = 0  # GPUs each node gives the job (SLURM's --gpus-per-node)
     tasks_per_node: int | None = None  # default: one per GPU, or 1 without GPUs
     # per_task: SLURM gives each task its own GPUs (--gpus-per-task), each sees them as cuda:0..;
     # shared: every task of a node sees all its GPUs (--gpus-per-node) and picks cuda:<local rank>.
     # auto: per_task for the built-in trainer; shared for a program of your own, as torchrun
     # shows its workers the node's GPUs (a script's cuda:<LOCAL_RANK> is then the right GPU).
     gpu_binding: Literal["auto", "per_task", "shared"] = "auto"
-    cpus_per_task: int = 1
-    mem: str = ""
-    time: str = "01:00:00"
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    constraint: str = ""
-    exclusive: bool = False
+    cpus_per_task: int = 1  # SLURM's --cpus-per-task (a rank's data loader workers need them)
+    mem: str = ""  # memory per node, SLURM's --mem (e.g. 64G); "": the partition's default
+    time: str = "01:00:00"  # the time limit, SLURM's --time ([D-]HH:MM:SS, or minutes)
+    partition: str = ""  # SLURM's --partition; "": the cluster's default
+    account: str = ""  # SLURM's --account
+    qos: str = ""  # SLURM's --qos
+    constraint: str = ""  # SLURM's --constraint (node features, e.g. a100)
+    exclusive: bool = False  # whole nodes, SLURM's --exclusive
     signal: str = ""  # e.g. USR1@120: ask SLURM to warn the job before its time limit
-    requeue: bool = False
+    requeue: bool = False  # at the time-limit signal the ranks save, and the job goes back in the queue
     # After a failure, start the job again by itself inside the allocation (a new srun step)
     # from the last checkpoint, up to this many times; 0: the job ends at its first failure.
     restarts: int = 0
@@ -209,9 +209,11 @@ class JobSpec:
     container: ContainerSpec = field(default_factory=ContainerSpec)
     snapshot: SnapshotSpec = field(default_factory=SnapshotSpec)
     cost: CostSpec = field(default_factory=CostSpec)
-    env: dict[str, str] = field(default_factory=dict)
-    setup: list[str] = field(default_factory=list)
-    log_dir: str = "runs"
+    env: dict[str, str] = field(default_factory=dict)  # environment variables of every rank
+    setup: list[str] = field(
+        default_factory=list
+    )  # shell lines the batch script runs before the ranks (module load ...)
+    log_dir: str = "runs"  # where each job's folder goes: <log_dir>/<name>/<job id>
     # Where every rank's checkpoints go: an absolute path that every node sees (a scratch file
     # system); "": <job dir>/checkpoints. The built-in trainer writes and resumes there, a
     # program of one's own is told it (KIT_CHECKPOINT_DIR), and one live job at a time may use it.
@@ -219,7 +221,7 @@ class JobSpec:
     # wandb: every rank gets WANDB_RUN_ID (the run's id, KIT_RUN_ID) and WANDB_RESUME=allow, so
     # that the jobs of one run (cluster resume) log to one wandb run; none: the run id alone.
     tracking: Literal["none", "wandb"] = "none"
-    sbatch_extra: list[str] = field(default_factory=list)
+    sbatch_extra: list[str] = field(default_factory=list)  # more #SBATCH lines, as written
     preflight: bool = False  # check every rank joins and communicates before training, same allocation
     python: str = ""  # interpreter on the nodes; default: the submitting one (or "python" in a container)
     # The user's own program; none: the built-in trainer (the sections below).

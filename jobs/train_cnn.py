@@ -5,7 +5,7 @@ the CPU, wraps the model in DDP, checkpoints itself atomically, resumes from its
 checkpoint, and on SIGUSR1 (a time limit coming) saves and asks SLURM to requeue the job.
 
     torchrun --nproc-per-node 2 jobs/train_cnn.py --steps 200            # by hand
-    python -m cluster submit jobs/cnn.yaml --wait                          # through the kit
+    cluster-kit submit jobs/cnn.yaml --wait                          # through the kit
 
 ``--fail-at-step``, ``--hang-at-step`` and ``--exit-without-training`` make the failures the
 kit's tests diagnose; they are not part of the example.

@@ -8,10 +8,14 @@ into exit status 2 before anything runs.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import inspect
 import json
 import math
+import re
+import textwrap
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -51,10 +55,10 @@ def require_positive(obj: Any, prefix: str, *names: str, minimum: float = 1) -> 
 
 @dataclass
 class ModelConfig:
-    n_layers: int = 4
-    dim_in: int = 1024
-    dim_hidden: int = 256
-    n_classes: int = 32
+    n_layers: int = 4  # the built-in MLP's linear layers
+    dim_in: int = 1024  # its input features
+    dim_hidden: int = 256  # its hidden width
+    n_classes: int = 32  # its classes
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "n_layers", "dim_in", "dim_hidden")
@@ -63,8 +67,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train_size: int = 10000
-    test_size: int = 2000
+    train_size: int = 10000  # synthetic training examples
+    test_size: int = 2000  # synthetic held-out examples
     # Distance of the class centres from the origin relative to the unit noise:
     # small enough that the task takes a few hundred steps, large enough to reach >90%.
     separation: float = 0.2
@@ -85,9 +89,9 @@ class OptimConfig:
     # weight_decay; its moments take the place of momentum). Adam's update is not linear in the
     # gradients, which is what parallel.strategy=param_avg needs to differ from ddp at K = 1.
     name: Literal["sgd", "adam"] = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    lr: float = 0.1  # learning rate
+    momentum: float = 0.0  # SGD's momentum (AdamW: unused)
+    weight_decay: float = 0.0  # decoupled for AdamW, L2 for SGD
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "lr", "momentum", "weight_decay", minimum=0)
@@ -97,11 +101,11 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
+    steps: int = 1000  # optimizer steps of the run: its last step
     # Global batch per optimizer step, summed over data-parallel ranks and accumulation
     # micro-steps: changing the rank count or grad_accum leaves the mathematics unchanged.
     batch_size: int = 64
-    grad_accum: int = 1
+    grad_accum: int = 1  # micro-batches per optimizer step
     # fp32; bf16 and fp16: fp32 parameters, matmuls under autocast (fp16 with a GradScaler);
     # bf16_params: parameters, gradients, optimizer state and the data set in bf16, no autocast
     # (half the memory and no per-step weight casts; see docs/training.md).
@@ -109,10 +113,10 @@ class TrainConfig:
     # torch.compile of the model (strategies single and ddp): off by default, its first steps
     # pay the compilation.
     compile: bool = False
-    seed: int = 0
-    log_every: int = 100
-    eval_every: int = 100
-    run_dir: str = "runs/train"
+    seed: int = 0  # model initialisation and data order
+    log_every: int = 100  # a step record and a log line every this many steps
+    eval_every: int = 100  # held-out loss and accuracy every this many steps
+    run_dir: str = "runs/train"  # set by the kit to the job's folder
     # Where checkpoints are written and resumed from; "": <run_dir>/checkpoints. A job spec sets
     # it from its own checkpoint_dir (a large model's checkpoints belong on the scratch file
     # system, not beside the logs).
@@ -120,7 +124,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     # Process-group timeout: how long a collective waits for a dead or stuck peer.
     timeout_s: float = 300.0
-    check_sync: bool = False
+    check_sync: bool = False  # verify every rank holds the same parameters at each log step
     # Checkpoint every this many steps and at the end (0: none, but when preempt_signal comes).
     ckpt_every: int = 0
     # Write checkpoints in the background (DCP's async_save, in a process of its own): the loop
@@ -133,7 +137,7 @@ class TrainConfig:
     # the ranks agree on it, save a checkpoint and stop; rank 0 then asks SLURM to requeue
     # the job when ``requeue`` is set. The next run in the same run_dir resumes from it.
     preempt_signal: str = PREEMPT_SIGNAL.name.removeprefix("SIG")
-    requeue: bool = False
+    requeue: bool = False  # set by the kit from the spec's requeue
     # Stall watchdog: a rank that completes no step for this long writes every thread's
     # stack to its log and exits 1, so the job ends long before the collective timeout.
     # 0 turns it off. It must exceed the longest step, evaluation or checkpoint save.
@@ -158,11 +162,11 @@ class TrainConfig:
     # ``fail_at_step`` starts; loop forever on ``hang_rank`` at ``hang_at_step``; one extra
     # all_reduce of another shape on ``extra_collective_rank`` at ``extra_collective_at_step``.
     fail_at_step: int | None = None
-    fail_rank: int = 0
-    hang_at_step: int | None = None
-    hang_rank: int = 0
-    extra_collective_rank: int | None = None
-    extra_collective_at_step: int = 1
+    fail_rank: int = 0  # the rank that raises at fail_at_step
+    hang_at_step: int | None = None  # this step never ends on hang_rank
+    hang_rank: int = 0  # the rank that hangs at hang_at_step
+    extra_collective_rank: int | None = None  # this rank runs one all_reduce the others do not
+    extra_collective_at_step: int = 1  # at this step
     # The save of this step cannot be written (its directory is a file: a full disk, a lost
     # mount): with ckpt_async the run goes on, names it and keeps the previous checkpoint latest.
     unwritable_ckpt_at_step: int | None = None
@@ -212,16 +216,16 @@ Strategy = Literal[
 
 @dataclass
 class ParallelConfig:
-    strategy: Strategy = "single"
-    bucket_mb: float = 1.0
+    strategy: Strategy = "single"  # how the model is spread over ranks: docs/strategies.md
+    bucket_mb: float = 1.0  # ddp_bucketed: gradient bucket size
     # Tensor and pipeline sizes; None derives them: tp = ranks per node for strategy tp
     # (else 1), pp = world size for strategy pipeline.
     tp: int | None = None
     pp: int | None = None
-    microbatches: int = 4
-    schedule: Literal["gpipe", "1f1b"] = "gpipe"
-    stages: int = 2
-    reshard_after_forward: bool = True
+    microbatches: int = 4  # pipeline: micro-batches per step
+    schedule: Literal["gpipe", "1f1b"] = "gpipe"  # pipeline schedule
+    stages: int = 2  # model_parallel: stages on one rank's devices
+    reshard_after_forward: bool = True  # fsdp: free gathered parameters after the forward
     # param_avg: average the parameters every this many optimizer steps (local SGD when > 1),
     # and whether the optimizer's state (momentum, Adam's moments) is averaged with them.
     average_every: int = 1
@@ -454,3 +458,46 @@ def help_text(cls: type) -> str:
     rows = describe(cls)
     width = max(len(k) for k, _, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v!r}  ({t})" for k, t, v in rows)
+
+
+NOTE_CHARS = 90  # of a key's note: its comment's first sentence
+# TrainConfig's failures made on purpose (train/faults.py): `cluster-kit keys` lists them apart
+FAULTS = ("fail_at_step", "fail_rank", "hang_at_step", "hang_rank", "extra_collective_rank", "extra_collective_at_step",
+          "unwritable_ckpt_at_step", "fault_attempt")  # fmt: skip
+
+
+def field_notes(cls: type, prefix: str = "") -> dict[str, str]:
+    """Each leaf key's note (as ``describe`` names the keys): the first sentence of the comment
+    on its line, else of the comment block right above it (``cluster-kit keys``)."""
+    source = inspect.getsource(cls)
+    lines = source.splitlines()
+    notes: dict[str, str] = {}
+    hints = typing.get_type_hints(cls)
+    (body,) = ast.parse(textwrap.dedent(source)).body
+    for node in body.body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        at, name = node.lineno - 1, node.target.id
+        line = lines[at]
+        block = []
+        while at - 1 - len(block) >= 0 and lines[at - 1 - len(block)].strip().startswith("#"):
+            block.insert(0, lines[at - 1 - len(block)].strip().lstrip("#").strip())
+        if "  # " in line:
+            note = line.split("  # ", 1)[1]
+        else:
+            note = " ".join(block)
+        tp = hints[name]
+        inner = [a for a in typing.get_args(tp) if a is not type(None)]
+        section = (
+            tp
+            if dataclasses.is_dataclass(tp)
+            else inner[0]
+            if len(inner) == 1 and dataclasses.is_dataclass(inner[0])
+            else None
+        )
+        if section is not None:
+            notes.update(field_notes(section, f"{prefix}{name}."))
+        else:
+            sentence = re.split(r"(?<!e\.g)(?<!i\.e)(?<=[.;])\s", note.strip(), maxsplit=1)[0].rstrip(".;")
+            notes[f"{prefix}{name}"] = sentence if len(sentence) <= NOTE_CHARS else sentence[: NOTE_CHARS - 1] + "…"
+    return notes

@@ -18,80 +18,70 @@ import sys
 
 from train.errors import ConfigError
 
-# name -> its line in --help, in --help's order
+# name -> its line in --help, in --help's order (a command's DESCRIPTION, where it has one, says more)
 COMMANDS = {
-    "plan": "validate the spec and print which rank runs on which node and GPU",
-    "render": "print a standalone sbatch script equivalent to submit",
-    "preflight": "run only the preflight check on the spec's allocation: every rank joins, collectives verified, "
-    "bus bandwidth, /dev/shm and GPUs per node; exit 0/1",
-    "submit": "submit: sbatch of the rendered script (SLURM), the local launcher (cluster: local), or one container "
-    "per node through the Docker SDK (cluster: docker)",
-    "goodput": "predict the effective training time ratio at scale: failures replayed against phase costs",
-    "sweep": "run a spec over a grid of overrides (key=a,b,c), each point a job of its own",
-    "status": "the state of a job: waiting, running, completed, failed (and its culprit), cancelled, timeout ... "
-    "(a sweep: its points by state)",
-    "wait": "block until a job ends; print its triage and exit with its outcome, as --wait does (0, 1, 87)",
-    "cancel": "cancel a job (a sweep: its runner and its running points)",
-    "logs": "per-rank table, first failing rank and its cascade, hangs, stragglers",
-    "page": "the job (or sweep) on one HTML page: verdict, curves, step times, goodput, ranks, merged logs; "
-    "and its TensorBoard events",
-    "stacks": "every rank of a running job writes its stacks to its log; group ranks by where they are",
+    "plan": "check a spec; print which rank runs on which node and GPU",
+    "render": "print the sbatch script that submit would send",
+    "preflight": "check the allocation alone: ranks join, collectives, bandwidth",
+    "submit": "submit a spec (or a script) to SLURM, this machine or containers",
+    "sweep": "run a spec over a grid of overrides, each point a job",
+    "status": "a job's state: waiting, running, completed, failed (who) ...",
+    "wait": "block until a job ends; exit with its outcome (0, 1, 87)",
+    "cancel": "cancel a job or a sweep",
+    "logs": "per-rank table, the first failure and its cascade, hangs",
+    "page": "a job, sweep or run on one HTML page, and TensorBoard events",
+    "stacks": "where every rank of a running job is, grouped",
     "snapshot": "the old name of `stacks`, for one release",
-    "diff": "what differs between two jobs, two sweep points, or a job and the working tree now: code, spec, "
-    "packages, environment, nodes, outcome",
-    "rerun": "submit a job again: the same code snapshot and resolved spec, overrides on top",
-    "resume": "submit the next job of a job's run: from the latest checkpoint it left, its code, overrides on top",
-    "runs": "every training run under a log root, newest first: state, jobs, steps, loss, wall time, GPU-hours, "
-    "the last failure; and <log root>/index.html",
+    "diff": "what differs between two jobs, or a job and the tree now",
+    "rerun": "submit a job again: its code and spec, overrides on top",
+    "resume": "the next job of a run, from its latest checkpoint",
+    "runs": "every run under a log root, newest first; and its index.html",
+    "goodput": "predict the effective training time ratio at scale",
+    "keys": "the job spec's keys, each with its default and a note",
 }
-
-EXAMPLES = """examples:
-  python -m cluster plan jobs/multi_node.yaml nodes=4 --json
-  python -m cluster render jobs/multi_node.yaml -o job.sbatch
-  python -m cluster submit jobs/multi_node.yaml nodes=4 train.steps=200 parallel.strategy=fsdp
-  python -m cluster submit jobs/local.yaml --wait
-  python -m cluster wait runs/local/12345 --timeout 3600
-  python -m cluster logs runs/local/12345 --json
-  python -m cluster page runs/local/12345          # runs/local/12345/page.html, and TensorBoard's events
-  python -m cluster stacks runs/local/12345
-  python -m cluster sweep jobs/local.yaml optim.lr=0.05,0.1 parallel.strategy=ddp,zero1 --max-parallel 2
-  python -m cluster logs runs/local/sweep-20261125-040000 --metric test_loss
-  python -m cluster diff runs/local/12345 runs/local/12399 --stat
-  python -m cluster diff runs/local/12345          # against the working tree now
-  python -m cluster rerun runs/local/12345 train.steps=400
-  python -m cluster resume runs/local/12345 train.steps=800 --wait   # go on from its latest checkpoint
-  python -m cluster runs --state failed --since 2d
-  python -m cluster page local-20261207-061323-68ad   # a run: its jobs' curves as one
-"""
+PROG = "cluster-kit"
+WIDTH = 110  # --help's lines: an option and its help on one line each where they fit
 
 
 class Parser(argparse.ArgumentParser):
-    """The top-level parser: its help ends with every key of a job spec."""
+    """The top-level parser: its help is one screen, a line per command."""
 
     def format_help(self) -> str:
-        from cluster.spec import JobSpec  # for --help alone: the spec's machinery, not for every command
-        from train.config import help_text
+        width = max(map(len, COMMANDS))
+        lines = [
+            f"usage: {PROG} COMMAND [ARGS]    (python -m cluster COMMAND is the same)",
+            "",
+            "Plan, submit and follow PyTorch training jobs: SLURM, this machine, or containers.",
+            "",
+            "commands:",
+            *(f"  {name:<{width}}  {line}" for name, line in COMMANDS.items()),
+            "",
+            f"{PROG} COMMAND --help: its options and an example.  {PROG} keys [PREFIX]: the spec's keys.",
+            "Start here: README.md; a script of your own: docs/your-own-script.md; runs: docs/runs.md.",
+        ]
+        return "\n".join(lines) + "\n"
 
-        return super().format_help() + "\njob spec keys (dotted overrides):\n" + help_text(JobSpec)
+
+def formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30, width=WIDTH)
 
 
 def build_parser(argv: list[str]) -> Parser:
     """Every command's name and help line; the arguments of the one ``argv`` names."""
-    parser = Parser(
-        prog="python -m cluster",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Plan, render, submit and inspect training jobs described by a YAML job spec.",
-        epilog=EXAMPLES,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog=PROG, add_help=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, help in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, formatter_class=formatter)
         if name == chosen:
             command = importlib.import_module(f"{__name__}.{name}")
             p.description = getattr(command, "DESCRIPTION", help)
             command.add_arguments(p)
             p.set_defaults(run=command.run)
+            positional = [a.metavar or a.dest for a in p._actions if not a.option_strings]
+            p.usage = f"{PROG} {name} [options] {' '.join(positional)}".rstrip()
+            if example := getattr(command, "EXAMPLE", None):
+                p.epilog = f"example: {example}"
     return parser
 
 

@@ -52,7 +52,7 @@ def run(args) -> int:
         if waits := waiting_reason(job.ref.job_dir):
             print(f"it {waits}")
         print(f"logs: {job.job_dir}")
-        print(f"inspect: python -m cluster logs {job.job_dir}")
+        print(f"inspect: cluster-kit logs {job.job_dir}")
     if args.until_done:
         last, code = api.until_done(job, args.max_jobs, say, lambda one: wait_for(one, args.json))
         if args.json:  # the run's last job, after the first's line

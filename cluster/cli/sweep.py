@@ -70,7 +70,7 @@ def run(args) -> int:
             print(json.dumps({"sweep_dir": str(sweep.path), "points": len(points), "max_parallel": limit}))
         else:
             print(f"sweep of {len(points)} point(s), at most {limit} at once: {sweep.path}")
-            print(f"table: python -m cluster logs {sweep.path}")
+            print(f"table: cluster-kit logs {sweep.path}")
     if not args.wait:
         return 0
     table = sweep.wait()

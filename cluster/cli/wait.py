@@ -30,7 +30,7 @@ def run(args) -> int:
         print(f"error: job {job.job_id} still {job.state().name} after {args.timeout:g} s", file=sys.stderr)
         return TIMED_OUT
     except api.NeverStarts as exc:
-        print(f"error: {exc}; cancel it: python -m cluster cancel {job.job_dir}", file=sys.stderr)
+        print(f"error: {exc}; cancel it: cluster-kit cancel {job.job_dir}", file=sys.stderr)
         return 1
     print(json.dumps(report.to_json()) if args.json else format_report(report))
     write_views(job, args.json)

@@ -51,7 +51,7 @@ def submitted_again(job: api.Job, args, fields: dict, headline: str, since: str)
     else:
         print(f"submitted job {job.job_id}, {headline}")
         print(f"logs: {job.job_dir}")
-        print(f"compare: python -m cluster diff {since} {job.job_dir}")
+        print(f"compare: cluster-kit diff {since} {job.job_dir}")
     return wait_for(job, args.json) if args.wait else 0
 
 
@@ -67,7 +67,7 @@ def wait_for(job: api.Job, as_json: bool) -> int:
             report = job.report(running=False)
             print(format_report(report))
     except api.NeverStarts as exc:
-        print(f"error: {exc}; cancel it: python -m cluster cancel {job.job_dir}", file=sys.stderr)
+        print(f"error: {exc}; cancel it: cluster-kit cancel {job.job_dir}", file=sys.stderr)
         return 1
     write_views(job, as_json)
     return api.exit_code(report)

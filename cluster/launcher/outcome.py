@@ -29,7 +29,7 @@ def unwatched(job: JobDir) -> State:
     return State(
         "UNWATCHED",
         f"its launcher (pid {job.job_id}) is gone and its ranks run on unwatched: no time limit, no "
-        f"kill-on-bad-exit; python -m cluster cancel {job.path} ends them",
+        f"kill-on-bad-exit; cluster-kit cancel {job.path} ends them",
     )
 
 

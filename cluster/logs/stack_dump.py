@@ -52,7 +52,7 @@ def ask_stacks(job: JobRef, timeout: float, native: bool = False) -> StackDump:
     report = inspect(job.job_dir, running=True)
     live = [r for r in report.ranks if r.state != "completed" and r.log]
     if job_is_running(job.job_dir) is False or not live:
-        raise ConfigError(str(job.job_dir), "the job is not running: use `python -m cluster logs` for its last stacks")
+        raise ConfigError(str(job.job_dir), "the job is not running: use `cluster-kit logs` for its last stacks")
     sizes = {r.rank: Path(r.log).stat().st_size for r in live}
     pids_by_host: dict[str, list[int]] = {}
     for r in live:

@@ -29,7 +29,7 @@ def refuse_if_taken(checkpoints: str | Path, parents: set[Path] = frozenset()) -
         raise ConfigError(
             "checkpoint_dir",
             f"{checkpoints} is written by job {job_dir.job_id} ({named}, {state.name}): one live job at a time; "
-            f"wait for it (python -m cluster wait {named}), cancel it, or choose another checkpoint_dir",
+            f"wait for it (cluster-kit wait {named}), cancel it, or choose another checkpoint_dir",
         )
 
 

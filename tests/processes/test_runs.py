@@ -85,7 +85,7 @@ def test_status_and_wait_say_how_a_job_ended_and_a_lost_launcher_is_told(tmp_pat
     os.kill(int(lost["job_id"]), signal.SIGKILL)  # the launcher's controller: its pid is the job id
     wait_until(lambda: status_of(lost_dir)["state"] != "RUNNING", 60, "the status to see the launcher gone")
     status = status_of(lost_dir)
-    assert status["state"] == "UNWATCHED" and "cluster cancel" in status["reason"], status
+    assert status["state"] == "UNWATCHED" and "cluster-kit cancel" in status["reason"], status
     still = run_module("cluster", "wait", str(lost_dir), "--timeout", "1")
     assert still.returncode == 124 and "still UNWATCHED" in still.stderr, still.stderr
     cancel(lost_dir)

@@ -61,7 +61,7 @@ def test_ranks_left_by_a_dead_launcher_are_unwatched_and_a_cancel_of_them_is_sai
     job = JobDir(tmp_path / "77")
     job.path.mkdir()
     state = outcome.unwatched(job)
-    assert state.kind == "running" and "cluster cancel" in state.reason
+    assert state.kind == "running" and "cluster-kit cancel" in state.reason
     outcome.say_cancelled(job, 143)
     assert outcome.ended(job).name == "CANCELLED"
 

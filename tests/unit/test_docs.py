@@ -10,7 +10,7 @@ import shlex
 import pytest
 
 from cluster.cli import build_parser
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_module
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -124,3 +124,24 @@ def test_every_command_that_starts_a_job_takes_wait_and_json():
     for command in (["submit", "jobs/local.yaml"], ["rerun", "runs/x/1"], ["resume", "runs/x/1"],
                     ["sweep", "jobs/local.yaml", "a=1,2"], ["preflight", "jobs/local.yaml"]):  # fmt: skip
         assert refused(["python", "-m", "cluster", *command, "--wait", "--json"]) is None, command
+
+
+def test_every_help_fits_one_screen_and_the_keys_are_listed_with_the_faults_apart():
+    """--help of the kit and of each command: 30 lines or fewer (the spec's keys are `keys`'s);
+    `cluster-kit keys` lists every key of the schema, the failures made on purpose under their
+    own heading, and a prefix that no key has is bad input."""
+    from cluster.cli import COMMANDS
+    from cluster.spec import JobSpec
+    from train.config import describe
+
+    for command in ["", *COMMANDS]:
+        done = run_module("cluster", *([command] if command else []), "--help")
+        lines = done.stdout.splitlines()
+        assert done.returncode == 0 and 0 < len(lines) <= 30, (command, len(lines), done.stdout)
+        assert "cluster-kit" in lines[0], lines[0]  # one name: the usage line says the command people type
+    listed = run_module("cluster", "keys").stdout
+    assert all(f"  {key} " in listed for key, _, _ in describe(JobSpec))
+    normal, faults = listed.split("failures made on purpose")
+    assert "train.fail_at_step" in faults and "train.fail_at_step" not in normal and "train.steps" in normal
+    assert "optimizer steps of the run" in run_module("cluster", "keys", "train.steps").stdout  # its note
+    assert run_module("cluster", "keys", "nosuch").returncode == 2
