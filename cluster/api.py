@@ -252,6 +252,12 @@ def preflight(
     return PreflightOutcome(ref, text, "preflight OK" in text, missing)
 
 
+def preempted_at(job_dir: JobDir) -> int | None:
+    """The step at which the built-in trainer's rank 0 stopped at the time-limit signal, saving;
+    None where it did not."""
+    return next((r.get("step") for r in reversed(job_dir.recent_records(0)) if r.get("event") == "preempted"), None)
+
+
 def exit_code(report: Report) -> int:
     """The CLI's exit status for an ended job: 0 every rank completed, 87 a failure that a
     restart would repeat (restarts: not restarted), 1 otherwise."""
@@ -305,6 +311,9 @@ class Job:
             status["culprit"] = {"rank": first["rank"], "state": first["state"], "error": error[-1] if error else ""}
             said = "the first failure: rank {rank}, {state}: {error}".format(**status["culprit"])
             status["reason"] = f"{reason}; {said}" if reason else said
+        if name == "COMPLETED" and (stop := preempted_at(self.ref.job_dir)) is not None:
+            status["reason"] = (f"stopped at the time-limit signal after a checkpoint at step {stop}, short of its last "
+                                "step: its requeue, or cluster-kit resume, goes on from it")  # fmt: skip
         if run := (self.provenance() or {}).get("run"):  # the run it belongs to (cluster.runs)
             status["run"] = run
         allowed = self.ref.job_dir.plan().get("restarts")

@@ -67,6 +67,9 @@ def stamp_descriptors(metrics: tuple[str, str] | None = None) -> None:
     ``metrics``: (metrics file, progress file): the stamper reads metrics from the lines
     (``train.metrics``) and writes them there, at the step the progress file holds."""
     global _stamper
+    # The stamper runs in the kit's own folder: a job directory given relative to the rank's
+    # working directory (log_dir: runs) would name another place there, and the metrics be lost.
+    metrics = tuple(os.path.abspath(path) for path in metrics) if metrics else metrics
     lead_own_group()  # before the stamper starts: it learns the rank's group from its own
     sys.stdout.flush()
     sys.stderr.flush()

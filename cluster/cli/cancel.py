@@ -21,6 +21,9 @@ def run(args) -> int:
         print(f"cancelled sweep {args.job}: no point starts any more, and the running ones were cancelled")
         return 0
     job = api.Job.attach(args.job, args.log_dir)
+    if (state := job.state()).ended and not args.with_dependents:
+        print(f"job {job.job_id} has already ended ({state.name or 'ENDED'}): nothing to cancel")
+        return 0
     for child in job.cancel(args.grace, say, with_dependents=args.with_dependents):
         print(f"cancelled {child}, which waited for it")
     print(f"cancelled {job.job_id}")

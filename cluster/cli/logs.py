@@ -182,15 +182,12 @@ def run_logs(run, args) -> int:
         print(json.dumps(report))
     else:
         summary = report["run"]
-        print(f"run {run.id}: {len(run.jobs)} job(s), {summary['state']}, step {summary['step']} of {summary['steps']}")
+        steps = "-" if summary["step"] is None else str(summary["step"])
+        of = f" of {summary['steps']}" if summary["steps"] is not None else ""
+        print(f"run {run.id}: {len(run.jobs)} job(s), {summary['state']}, step {steps}{of}")
         for job in run.jobs:
-            went_on = (
-                f"from step {job.from_step}"
-                if job.from_step is not None
-                else "from the start"
-                if job.number == 1
-                else ""
-            )
+            first = "from the start" if job.number == 1 else "from its own checkpoint"
+            went_on = f"from step {job.from_step}" if job.from_step is not None else first
             loss = "-" if job.loss is None else f"{job.loss:.4f}"
             print(f"  job {job.number}  {job.path}  {job.state:<10} {went_on:<16} last step {job.step}  loss {loss}")
             if job.culprit:

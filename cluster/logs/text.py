@@ -45,7 +45,7 @@ def format_report(report: Report, limit: int = 64) -> str:
     if preempted:
         lines.append(
             f"ranks {compress([r.rank for r in preempted])} stopped at the time-limit signal after a checkpoint at "
-            f"step {max(r.last_step or 0 for r in preempted)}: the next run in this directory resumes from it"
+            f"step {max(r.last_step or 0 for r in preempted)}: its requeue, or the next job of the run (cluster-kit resume, --until-done), goes on from it"
         )
     retired = [r.rank for r in report.ranks if r.state == "retired"]
     if retired:

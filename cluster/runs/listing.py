@@ -24,11 +24,11 @@ import yaml
 
 from cluster import backends
 from cluster.backends.base import STATES
-from cluster.jobdir import PLAN, PROVENANCE, TRAIN_CONFIG, JobDir
+from cluster.jobdir import PLAN, TRAIN_CONFIG, JobDir
 from cluster.logs.series import NOT_METRICS, loss_name, program_values
 from cluster.sweeps.directory import SWEEP
 from train.errors import ConfigError
-from train.protocol import parse_records, progress_name, read_progress
+from train.protocol import metrics_name, parse_records, progress_name, read_progress
 
 INDEX = ".kit-runs.json"  # under the log root: the lines of ended jobs, by directory
 INDEX_VERSION = 1
@@ -166,6 +166,7 @@ def rank_zero(job: JobDir, plan: dict) -> tuple[float | None, int | None, int | 
         values = program_values(job)
         name = loss_name(values)
         step, at = (progress[0], progress[1]) if progress else (None, None)
+        step = printed_step(job) or step  # the program's own numbering, where its lines say it
         return first, resumed, step, values[name] if name else None, max(last or 0, at or 0) or None
     steps = [r for r in records if r.get("event") == "step"]
     if not steps:
@@ -173,6 +174,21 @@ def rank_zero(job: JobDir, plan: dict) -> tuple[float | None, int | None, int | 
     metrics = {k: v for k, v in steps[-1].items() if k not in NOT_METRICS and isinstance(v, int | float)}
     name = loss_name(metrics)
     return first, resumed, steps[-1]["step"], metrics[name] if name else None, last
+
+
+def printed_step(job: JobDir) -> int | None:
+    """The last step a program's rank 0 printed (its metrics file's last record: the step its
+    lines name, across resumes), else None (the shim's count of this job's optimizer steps stands)."""
+    path = job.path / metrics_name(0)
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - HEAD_BYTES))
+            tail = f.read()
+    except OSError:
+        return None
+    records = parse_records(tail[tail.find(b"\n") + 1 :] if len(tail) == HEAD_BYTES else tail)
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
 
 
 def train_steps(job: JobDir) -> int | None:
@@ -261,7 +277,9 @@ def state_matches(state: str, wanted: str) -> bool:
     return state.upper() == wanted or kind == wanted or (wanted == "LIVE" and kind in ("WAITING", "RUNNING"))
 
 
-def list_runs(root: str | Path, state: str | None = None, since: str | None = None, now: float | None = None) -> list[RunLine]:
+def list_runs(
+    root: str | Path, state: str | None = None, since: str | None = None, now: float | None = None
+) -> list[RunLine]:
     """The runs under ``root``, newest first: those whose last job is in ``state``, and those
     that did something within ``since``."""
     root = Path(root)
@@ -269,7 +287,8 @@ def list_runs(root: str | Path, state: str | None = None, since: str | None = No
         raise ConfigError(str(root), "no such log root (--log-dir: where the jobs' directories are)")
     now = time.time() if now is None else now
     if state and state.upper() not in {*STATES, "WAITING", "RUNNING", "LIVE"}:
-        raise ConfigError("--state", f"{state!r} is no state: one of {', '.join(s.lower() for s in STATES)}, or live")
+        raise ConfigError("--state", f"{state!r} is no state: one of {', '.join(s.lower() for s in STATES)}; or a "
+                          "kind: waiting, running, ended, live")  # fmt: skip
     oldest = now - since_seconds(since) if since else None
     runs = runs_of(job_lines(root))
     return [r for r in runs

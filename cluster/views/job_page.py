@@ -62,7 +62,10 @@ def verdict(report: Report) -> tuple[str, str]:
         steps = max((r.last_step or 0 for r in report.ranks), default=0)
         return "completed", f"completed: {world} ranks, step {steps}"
     if any(r.state == "preempted" for r in report.ranks):
-        return "preempted", "stopped at the time-limit signal after a checkpoint: the next run resumes from it"
+        return (
+            "preempted",
+            "stopped at the time-limit signal after a checkpoint: its requeue, or cluster-kit resume, goes on from it",
+        )
     states = sorted({r.state for r in report.ranks})
     return "unknown", f"ended: ranks {', '.join(states) or 'without records'}"
 

@@ -11,7 +11,7 @@ import pytest
 
 from cluster.api import SweepJob
 from cluster.system.poll import wait_until
-from tests.conftest import run_module
+from tests.conftest import ROOT, run_module
 from tests.support.jobs import cancel, submit, wait_for_line, wait_for_step, wait_nothing_left
 from train.protocol import CHECKPOINTS, read_records
 
@@ -79,6 +79,9 @@ def test_status_and_wait_say_how_a_job_ended_and_a_lost_launcher_is_told(tmp_pat
     status = status_of(failed_dir)
     assert (status["state"], status["culprit"]["rank"]) == ("FAILED", 1), status
     assert "train.fail_at_step=15 on rank 1" in status["reason"]
+    ended = run_module("cluster", "cancel", str(failed_dir))  # nothing to cancel: it says so, and changes nothing
+    assert ended.returncode == 0 and "has already ended (FAILED): nothing to cancel" in ended.stdout, ended.stdout
+    assert status_of(failed_dir)["state"] == "FAILED"
     assert waited(runs / "cnn" / script["job_id"]) == 0 and (scratch / "cnn.pt").is_file()
 
     wait_for_step(lost_dir, 0, 10)
@@ -227,6 +230,11 @@ def test_until_done_resumes_the_run_after_each_stop_short_of_its_last_step(tmp_p
     for before, after in zip(jobs, jobs[1:], strict=False):
         stopped = [r for r in read_records(before / "rank_00000.jsonl") if r["event"] == "preempted"]
         assert stopped and status_of(after)["run"]["from_step"] == stopped[-1]["step"], (before, after)
+        said = status_of(before)  # COMPLETED (every rank exited 0), and why it is not the end
+        assert (
+            said["state"] == "COMPLETED"
+            and f"time-limit signal after a checkpoint at step {stopped[-1]['step']}" in said["reason"]
+        )
     assert "the run reached its last step" in result.stderr
     assert waited(tmp_path / "straight" / "local" / straight["job_id"]) == 0
     reference, ended = final(tmp_path / "straight" / "local" / straight["job_id"]), final(jobs[-1])
@@ -265,3 +273,22 @@ def test_your_own_script_goes_on_until_done_from_where_it_stopped_at_the_signal(
     assert "step 4000/4000" in logs[1] and "step 4000/4000" not in "".join(logs[2:])
     assert len(jobs) <= 3 and {status_of(j)["run"]["id"] for j in jobs} == {status_of(jobs[0])["run"]["id"]}
     assert "the run reached its last step" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_project_of_ones_own_with_a_relative_log_dir_has_its_metrics_and_its_runs_listed(tmp_path):
+    """A project outside the kit (a script the kit never saw, a spec beside it, ``log_dir: runs``
+    relative to it), submitted from its own folder: the ranks' printed ``step N loss X`` lines
+    become metrics (their files in the job's folder, not beside the kit), and ``cluster runs``
+    there shows the run's step and loss."""
+    (tmp_path / "my_train.py").write_text((ROOT / "jobs" / "train_cnn.py").read_text())
+    (tmp_path / "my_job.yaml").write_text(
+        "name: mine\ncluster: local\nnodes: 1\ntasks_per_node: 2\nlog_dir: runs\n"
+        'program:\n  script: my_train.py\n  args: ["--steps", "40", "--log-every", "10", "--ckpt", ""]\n'
+    )
+    done = run_module("cluster", "submit", "my_job.yaml", "--wait", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (job_dir,) = (tmp_path / "runs" / "mine").iterdir()
+    assert (job_dir / "rank_00000.metrics.jsonl").is_file()
+    listed = run_module("cluster", "runs", "--json", cwd=tmp_path)
+    (row,) = json.loads(listed.stdout)
+    assert row["step"] == 40 and row["loss"] is not None and row["state"] == "COMPLETED", row
