@@ -21,7 +21,7 @@ from train.config import (
     ModelConfig,
     OptimConfig,
     ParallelConfig,
-    StrictStr,
+    ShellWords,
     TrainConfig,
     require_positive,
     require_signal,
@@ -124,7 +124,7 @@ class ProgramSpec:
     function: str = ""  # module:function, called with kwargs
     command: str = ""  # any executable, run on every rank
     submitit: str = ""  # set by cluster.submit(fn): a pickled function's job
-    args: list[StrictStr] = field(default_factory=list)  # the program's arguments, a list: ["--steps", "100"]
+    args: ShellWords = field(default_factory=list)  # the program's arguments: ["--steps", "100"] or "--steps 100"
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments of program.function
     # per_task: one process per rank (srun, or the local launcher) with torchrun's environment;
     # torchrun: one torchrun agent per node, for scripts that rely on torchrun's agent.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ def load_spec(
     """The spec with its overrides, validated, and its plan; notes on the spec go to ``say``."""
     if isinstance(job, JobSpec):
         spec = build(JobSpec, apply_overrides(to_dict(job), overrides))
+    elif str(job).endswith(".py"):  # a script is a job: the spec's defaults around it
+        spec = build(JobSpec, apply_overrides(script_spec(Path(job)), overrides))
     else:
         spec = load(JobSpec, job, overrides)
         separate = [apply_overrides({}, [text]) for text in overrides]
@@ -52,6 +55,15 @@ def load_spec(
         if note:
             say(note)
     return spec, plan
+
+
+def script_spec(script: Path) -> dict:
+    """A bare script's spec: it is the program (its arguments: ``-- ...``, ``program.args``),
+    named after it, on SLURM where this machine submits to one, else on this machine."""
+    if not script.is_file():
+        raise ConfigError(str(script), "no such script (give a job spec YAML, or your script.py)")
+    return {"name": script.stem, "cluster": "slurm" if shutil.which("sbatch") else "local",
+            "program": {"script": str(script)}}  # fmt: skip
 
 
 def rendered(spec: JobSpec, plan: Plan, source: str, say: Callable[[str], None] = say_stderr) -> str:

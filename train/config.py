@@ -15,6 +15,7 @@ import inspect
 import json
 import math
 import re
+import shlex
 import textwrap
 import types
 import typing
@@ -32,6 +33,8 @@ T = TypeVar("T")
 # A str that must be given as a string: a list of program arguments like ["--epochs", 3]
 # is a mistake to report, not a number to convert.
 StrictStr = typing.NewType("StrictStr", str)
+# A program's arguments: a list of strings, or one string split as a shell would ("--steps 100")
+ShellWords = typing.NewType("ShellWords", list)
 
 
 # --------------------------------------------------------------------------- sections
@@ -285,13 +288,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 + _suggest(str(value), [str(c) for c in choices]),
             )
         return value
+    if tp is ShellWords:
+        if isinstance(value, str):
+            try:
+                value = shlex.split(value)
+            except ValueError as exc:
+                raise ConfigError(key, f"{value!r} does not split into words as a shell would: {exc}") from None
+        return _coerce(value, list[StrictStr], key)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, bool) and "enabled" in {f.name for f in dataclasses.fields(tp)}:
             value = {"enabled": value}  # a section switched on or off whole: `snapshot: false`
         return build(tp, value, key)
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(key, f"expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(key, f"expected a list, got {type(value).__name__} {value!r} (YAML: [a, b]; on the "
+                                   f"command line: '{key}=[\"a\", \"b\"]')")  # fmt: skip
         (inner,) = typing.get_args(tp)
         return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
     if origin is dict:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 
+from cluster.cli.common import flag_overrides
 from train.errors import ConfigError
 
 # name -> its line in --help, in --help's order (a command's DESCRIPTION, where it has one, says more)
@@ -87,14 +89,18 @@ def build_parser(argv: list[str]) -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # `submit my_train.py -- --steps 100`: what follows -- is the program's own arguments
+    argv, program_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`submit job.yaml --dry-run nodes=4`): take the leftovers.
     unknown = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
-    if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown or (program_args is not None and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or ['--', *program_args])}")
     if extra:
         args.overrides += extra
+    if hasattr(args, "overrides"):
+        args.overrides += flag_overrides(args) + ([f"program.args={json.dumps(program_args)}"] if program_args else [])
     try:
         return args.run(args)
     except ConfigError as exc:

@@ -6,10 +6,24 @@ from __future__ import annotations
 import argparse
 import sys
 
+# The spec's most common keys as the flags people know from SLURM and torchrun: key -> its flags
+FLAGS = {"nodes": ("--nodes",), "gpus_per_node": ("--gpus-per-node",),
+         "tasks_per_node": ("--ntasks-per-node", "--nproc-per-node"), "time": ("--time",),
+         "partition": ("--partition",), "cluster": ("--cluster",)}  # fmt: skip
+
 
 def spec_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", help="job spec YAML (see jobs/)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. nodes=4 parallel.strategy=fsdp")
+    parser.add_argument("job", help="job spec YAML (see jobs/), or your script.py (its arguments after --)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="e.g. nodes=4 train.steps=200 (cluster-kit keys)"
+    )
+    for key, flags in FLAGS.items():
+        parser.add_argument(*flags, dest=f"flag_{key}", metavar="V", help=f"the spec's {key}")
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The FLAGS given, as the overrides they stand for (after the key=value ones: a flag wins)."""
+    return [f"{key}={value}" for key in FLAGS if (value := getattr(args, f"flag_{key}", None)) is not None]
 
 
 def job_arguments(parser: argparse.ArgumentParser) -> None:

@@ -279,7 +279,7 @@ def test_a_project_of_ones_own_with_a_relative_log_dir_has_its_metrics_and_its_r
     """A project outside the kit (a script the kit never saw, a spec beside it, ``log_dir: runs``
     relative to it), submitted from its own folder: the ranks' printed ``step N loss X`` lines
     become metrics (their files in the job's folder, not beside the kit), and ``cluster runs``
-    there shows the run's step and loss."""
+    there shows the run's step and loss. The script submitted alone, no YAML, is a job too."""
     (tmp_path / "my_train.py").write_text((ROOT / "jobs" / "train_cnn.py").read_text())
     (tmp_path / "my_job.yaml").write_text(
         "name: mine\ncluster: local\nnodes: 1\ntasks_per_node: 2\nlog_dir: runs\n"
@@ -292,3 +292,10 @@ def test_a_project_of_ones_own_with_a_relative_log_dir_has_its_metrics_and_its_r
     listed = run_module("cluster", "runs", "--json", cwd=tmp_path)
     (row,) = json.loads(listed.stdout)
     assert row["step"] == 40 and row["loss"] is not None and row["state"] == "COMPLETED", row
+    # the script alone is a job too: the spec's defaults, SLURM's and torchrun's flags, its arguments after --
+    bare = run_module("cluster", "submit", "my_train.py", "--cluster", "local", "--nproc-per-node", "2", "--wait",
+                      "--json", "--", "--steps", "20", "--log-every", "10", "--ckpt", "", cwd=tmp_path)  # fmt: skip
+    assert bare.returncode == 0, bare.stdout[-2000:] + bare.stderr[-2000:]
+    job_dir = tmp_path / json.loads(bare.stdout.splitlines()[0])["log_dir"]  # as given: relative to where it ran
+    assert job_dir.parent == tmp_path / "runs" / "my_train" and "step 20/20" in (job_dir / "rank_00000.log").read_text()
+    assert json.loads((job_dir / "plan.json").read_text())["world_size"] == 2

@@ -43,4 +43,5 @@ BAD = [
     (["checkpoint_dir=scratch/run1"], "checkpoint_dir"),
     (["nodes"], "nodes"),
     (["=3"], "=3"),
+    (["program.script=jobs/train_cnn.py", 'program.args=--steps "10'], "program.args"),  # no closing quote
 ]

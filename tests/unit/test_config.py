@@ -160,3 +160,13 @@ def test_the_trainers_watch_keys_are_the_users_where_the_job_spec_sets_none():
     assert (train.stall_timeout_s, train.preempt_signal, train.checkpoint_dir) == (30, "USR2", "")
     spec = load(JobSpec, "jobs/local.yaml", ["checkpoint_dir=/scratch/run1"])
     assert spec.train_config().train.checkpoints.as_posix() == "/scratch/run1"
+
+
+def test_a_programs_arguments_are_a_list_or_one_string_split_as_a_shell_would():
+    from cluster.spec import JobSpec
+
+    for given, words in ((["--steps", "10"], ["--steps", "10"]), ("--steps 10 --name 'a b'", ["--steps", "10", "--name", "a b"]),
+                         ("", [])):  # fmt: skip
+        assert build(JobSpec, {"program": {"script": "x.py", "args": given}}).program.args == words
+    with pytest.raises(ConfigError, match=r"program.args.*expected a list.*YAML: \[a, b\]"):
+        build(JobSpec, {"program": {"script": "x.py", "args": 10}})
