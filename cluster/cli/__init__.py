@@ -87,10 +87,13 @@ def build_parser(argv: list[str]) -> Parser:
     return parser
 
 
+def split_program_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`submit my_train.py -- --steps 100`: what follows -- is the program's own arguments."""
+    return (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    # `submit my_train.py -- --steps 100`: what follows -- is the program's own arguments
-    argv, program_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
+    argv, program_args = split_program_args(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`submit job.yaml --dry-run nodes=4`): take the leftovers.

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from cluster.cli import build_parser
+from cluster.cli import build_parser, split_program_args
 from tests.conftest import ROOT, run_module
 
 README = ROOT / "README.md"
@@ -40,7 +40,7 @@ def dead_links(page) -> list[str]:
 def refused(command: list[str]) -> str | None:
     """Why the kit would not accept ``command`` (None: it would), without running a job."""
     if command[:3] == ["python", "-m", "cluster"] or command[:1] == ["cluster-kit"]:
-        argv = command[3:] if command[0] == "python" else command[1:]
+        argv, _ = split_program_args(command[3:] if command[0] == "python" else command[1:])
         parser = build_parser(argv)
         try:
             args, extra = parser.parse_known_args(argv)
