@@ -24,6 +24,7 @@ class RankEvidence:
     pid: int | None = None  # its last attempt's process
     node_name: str | None = None  # SLURM's name of its node in its last attempt
     last_step: int | None = None
+    failed_step: int | None = None  # the step its last attempt raised in (the trainer's failed record)
     last_loss: float | None = None
     latest: float | None = None  # its last record's time (or its last step's, from the progress file)
     progress: float | None = None  # its last progress in its last attempt: a step, or the start
@@ -63,6 +64,9 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
                 ev.node_name = env.get("launcher_vars", {}).get("SLURMD_NODENAME")
                 ev.host, ev.node, ev.pid = env.get("host", ev.host), env.get("node_rank", ev.node), rec.get("pid")
                 attempt_step, ev.end, ev.preempted, ev.trained, ev.progress = None, None, None, False, at
+                ev.failed_step = None
+            elif event == "failed":
+                ev.failed_step = rec.get("step")
             elif event in PROGRESS_EVENTS:
                 ev.trained = ev.trained or event == "first_step"
                 ev.progress = at

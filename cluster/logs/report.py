@@ -23,6 +23,7 @@ class RankReport:
     # attempt did not have (it went on with fewer nodes, spec min_nodes)
     state: str = "unknown"
     last_step: int | None = None
+    failed_step: int | None = None  # the step it raised in, where the trainer said
     last_loss: float | None = None
     median_step_ms: float | None = None  # of its recent steps (train.protocol.recent_records)
     last_time: float | None = None

@@ -48,7 +48,7 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
     """A rank's state, error and times from its evidence."""
     scan = ev.scan
     rep = RankReport(rank=ev.rank, node=ev.node, host=ev.host, gpu=ev.gpu, pid=ev.pid, last_step=ev.last_step,
-                     last_loss=ev.last_loss, last_time=ev.latest, last_progress=ev.progress,
+                     failed_step=ev.failed_step, last_loss=ev.last_loss, last_time=ev.latest, last_progress=ev.progress,
                      checkpoint_error=ev.checkpoint_error, node_name=ev.node_name)  # fmt: skip
     rep.attempts = max(1, len(ev.logs))
     rep.log = ev.logs[-1] if ev.logs else ""
@@ -179,6 +179,7 @@ def triage(
         "time": first.error_time or first.last_time,
         "frames": first.frames,
         "last_step": first.last_step,
+        "step": first.failed_step,  # the step it was in when it raised, where the trainer said (else None)
         "log": first.log,
         "evidence": evidence(first, candidates[1:], culprits),
     }

@@ -63,7 +63,8 @@ def format_report(report: Report, limit: int = 64) -> str:
         lines.append("")
         lines.append(
             f"FIRST FAILURE: rank {f['rank']} on node {f['node']} ({f['host'] or '?'}), GPU {f['gpu']}, "
-            f"at {fmt_time(f['time'])}, step {f['last_step'] or '-'}"
+            f"at {fmt_time(f['time'])}, "
+            + (f"in step {f['step']}" if f.get("step") is not None else f"after step {f['last_step'] or '-'}")
         )
         lines.append(f"  {f['error']}")
         for frame in f["frames"][-6:]:

@@ -52,10 +52,9 @@ def verdict(report: Report) -> tuple[str, str]:
         why = f" ({hang['reason']})" if hang["reason"] else ""
         return "hung", f"hung: culprit rank(s) {compress(hang['culprits'])}{why}"
     if failure:
-        return "failed", (
-            f"failed: rank {failure['rank']} on {failure['host'] or '?'} after step {failure['last_step'] or '-'}: "
-            f"{failure['error']}"
-        )
+        where = (f"in step {failure['step']}" if failure.get("step") is not None
+                 else f"after step {failure['last_step'] or '-'}")  # fmt: skip
+        return "failed", f"failed: rank {failure['rank']} on {failure['host'] or '?'} {where}: {failure['error']}"
     if hang:
         return "hung", "hung: no rank stands out (every rank stopped in the same place)"
     if world and report.completed == world:

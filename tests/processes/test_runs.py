@@ -79,6 +79,9 @@ def test_status_and_wait_say_how_a_job_ended_and_a_lost_launcher_is_told(tmp_pat
     status = status_of(failed_dir)
     assert (status["state"], status["culprit"]["rank"]) == ("FAILED", 1), status
     assert "train.fail_at_step=15 on rank 1" in status["reason"]
+    first = json.loads(run_module("cluster", "logs", str(failed_dir), "--json").stdout)["first_failure"]
+    assert (first["rank"], first["step"], first["last_step"]) == (1, 15, 10), first  # in step 15; logged 10
+    assert "in step 15" in run_module("cluster", "logs", str(failed_dir)).stdout
     ended = run_module("cluster", "cancel", str(failed_dir))  # nothing to cancel: it says so, and changes nothing
     assert ended.returncode == 0 and "has already ended (FAILED): nothing to cancel" in ended.stdout, ended.stdout
     assert status_of(failed_dir)["state"] == "FAILED"

@@ -39,7 +39,7 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
         (["program.module=json"], "program", "exactly one of"),
         (["program.script="], "program", "got none"),
         (['program.args=["--steps", 3]'], "program.args[1]", "expected a string"),
-        (["program.args=--steps"], "program.args", "expected a list"),
+        (["program.args=10"], "program.args", "expected a list"),  # a string is split as a shell would
         (["program.kwargs={a: 1}"], "program.kwargs", "kwargs are for program.function"),
         (["program.script=", "program.function=jobs.train_cnn:main"], "program.args", "called with kwargs"),
         (["program.launcher=mpirun"], "program.launcher", "must be one of"),
