@@ -88,21 +88,30 @@ def rank_series(job: JobDir, rank: int, program: bool, names: set[str] | None = 
     return {}
 
 
-def last_values(path: str) -> dict[str, float]:
-    """A metrics file's last value of each metric in its last ``TAIL_BYTES``: what a rank
-    stands at, without reading a long run's file."""
+def tail(path: str) -> bytes:
+    """A metrics file's whole lines in its last ``TAIL_BYTES`` (none without the file)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return {}
+        return b""
     try:
         size = os.fstat(fd).st_size
         data = os.pread(fd, min(size, TAIL_BYTES), max(0, size - TAIL_BYTES))
     finally:
         os.close(fd)
-    if size > TAIL_BYTES:
-        data = data[data.find(b"\n") + 1 :]  # the first whole line
-    return {name: points[-1][1] for name, points in file_series(data).items()}
+    return data[data.find(b"\n") + 1 :] if size > TAIL_BYTES else data  # from the first whole line
+
+
+def last_values(path: str) -> dict[str, float]:
+    """A metrics file's last value of each metric in its last ``TAIL_BYTES``: what a rank
+    stands at, without reading a long run's file."""
+    return {name: points[-1][1] for name, points in file_series(tail(path)).items()}
+
+
+def last_step(path: str) -> int | None:
+    """The step of a metrics file's last record (the step the program's lines name)."""
+    steps = [r["step"] for r in parse_records(tail(path)) if isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
 
 
 def loss_name(names) -> str | None:

@@ -25,7 +25,7 @@ import yaml
 from cluster import backends
 from cluster.backends.base import STATES
 from cluster.jobdir import PLAN, TRAIN_CONFIG, JobDir
-from cluster.logs.series import NOT_METRICS, loss_name, program_values
+from cluster.logs.series import NOT_METRICS, last_step, loss_name, program_values
 from cluster.sweeps.directory import SWEEP
 from train.errors import ConfigError
 from train.protocol import metrics_name, parse_records, progress_name, read_progress
@@ -179,16 +179,7 @@ def rank_zero(job: JobDir, plan: dict) -> tuple[float | None, int | None, int | 
 def printed_step(job: JobDir) -> int | None:
     """The last step a program's rank 0 printed (its metrics file's last record: the step its
     lines name, across resumes), else None (the shim's count of this job's optimizer steps stands)."""
-    path = job.path / metrics_name(0)
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - HEAD_BYTES))
-            tail = f.read()
-    except OSError:
-        return None
-    records = parse_records(tail[tail.find(b"\n") + 1 :] if len(tail) == HEAD_BYTES else tail)
-    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
-    return steps[-1] if steps else None
+    return last_step(job.file(metrics_name(0)))
 
 
 def train_steps(job: JobDir) -> int | None:
