@@ -324,11 +324,14 @@ class Job:
             status["goodput"] = {"ettr": ledger.to_json()["ettr"], "line": format_line(ledger)}
         return status
 
-    def wait(self, timeout: float | None = None, say: Say = say_stderr, interval: float = 1.0) -> Report:
+    def wait(
+        self, timeout: float | None = None, say: Say = say_stderr, interval: float = 1.0, keep_pending: bool = False
+    ) -> Report:
         """Wait for the job to end (``timeout`` seconds at most: ``WaitTimeout``) and triage it;
-        ``NeverStarts`` when the scheduler says it never will start as submitted."""
+        ``NeverStarts`` when the scheduler says it never will start as submitted (``keep_pending``:
+        the wait goes on)."""
         wait_until(
-            self.ref.done_saying_why_pending(say),
+            self.ref.done_saying_why_pending(say, keep_pending),
             math.inf if timeout is None else timeout,
             f"job {self.job_id}",
             interval,

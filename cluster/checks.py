@@ -13,17 +13,23 @@ import importlib.util
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster import backends
 from cluster.spec import JobSpec, ProgramSpec
+from cluster.system.kit import KIT_ROOT, kit_env
 from train.config import ConfigError
 from train.protocol import parse_time_limit_signal
 
-if TYPE_CHECKING:  # a type only: the traits come with the plan
+if TYPE_CHECKING:  # types only: the traits come with the plan
     from cluster.backends.base import Traits
+    from cluster.plan import Plan
+
+FORCE = "cluster-kit submit --force submits it anyway"
+ENVIRONMENT_DOC = "docs/your-own-environment.md"
 
 
 def check_submission(spec: JobSpec) -> None:
@@ -32,6 +38,38 @@ def check_submission(spec: JobSpec) -> None:
     backends.get(spec.cluster).check(spec)
     if spec.program is not None:
         check_program(spec.program, "program")
+
+
+def check_can_run(spec: JobSpec, plan: Plan, python: str) -> None:
+    """What this machine can tell of whether the job could ever run, checked before it is
+    submitted (``submit --force`` skips it): the partition can give what it asks (else SLURM
+    keeps it pending for ever), and its interpreter, where it runs here, can import the kit
+    (else every rank dies before its first line, with nothing but an import error)."""
+    backend = backends.get(spec.cluster)
+    beyond = backend.beyond_limits(spec, plan)
+    if beyond:
+        raise ConfigError("request", f"{'; '.join(beyond)}: it could never start ({FORCE})")
+    runs_here = spec.container.runtime == "none" and not plan.backend.in_image
+    if runs_here and (plan.backend.on_this_machine or shutil.which(python)):  # SLURM's: where it is here too
+        error = kit_import_error(python)
+        if error:
+            raise ConfigError("python", f"{python} cannot import the kit ({error}): the ranks run the kit's rank shim "
+                              f"in it; install the kit there (`{python} -m pip install {KIT_ROOT}`, see "
+                              f"{ENVIRONMENT_DOC}) or name another python= ({FORCE})")  # fmt: skip
+
+
+def kit_import_error(python: str) -> str:
+    """The last line of the error ``python`` gives importing the kit's rank shim, as a rank
+    would (``python -P -m train.shim``); empty where it imports."""
+    try:
+        done = subprocess.run([python, "-P", "-c", "import train.shim"], env=kit_env(), capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+    except OSError as exc:
+        return f"it cannot be run: {exc.strerror}"
+    except subprocess.TimeoutExpired:
+        return ""  # slow, not broken: the job will tell
+    lines = done.stderr.strip().splitlines()
+    return (lines[-1] if lines else f"exit code {done.returncode}") if done.returncode else ""
 
 
 def check_program(program: ProgramSpec, prefix: str) -> None:

@@ -140,14 +140,16 @@ def make_plan(spec: JobSpec) -> Plan:
     backend = backends.get(spec.cluster)
     for node in range(spec.nodes):
         host = backend.host(node)
+        # Nodes emulated on this machine share its GPUs: node n has GPUs n*G .. n*G+G-1.
+        first = node * spec.gpus_per_node if backend.traits.on_this_machine else 0
         for local in range(tasks):
             rank = node * tasks + local
             gpus = tuple(range(local * per_task, (local + 1) * per_task))
             if gpu_binding(spec) == "per_task":
-                visible = ",".join(map(str, gpus))
+                visible = ",".join(str(first + g) for g in gpus)
                 device = "cuda:0" if gpus else "cpu"
             else:
-                visible = ",".join(map(str, range(spec.gpus_per_node)))
+                visible = ",".join(map(str, range(first, first + spec.gpus_per_node)))
                 device = f"cuda:{local}" if gpus else "cpu"
             coords = dims.coords(rank) if world > 1 and spec.program is None else None
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))

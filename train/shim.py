@@ -366,7 +366,8 @@ def main(argv: list[str]) -> None:
         requeue = time_limit if args.requeue_on_signal else None
         code = run_python(
             kind, target, args.args, json.loads(args.kwargs),
-            lambda exc: writer.write("failed", step=progress.steps, error=f"{type(exc).__name__}: {exc}"[:500]),
+            # the step it was in: the optimizer steps it completed, and one (counted from 1, as the trainer's)
+            lambda exc: writer.write("failed", step=progress.steps + 1, error=f"{type(exc).__name__}: {exc}"[:500]),
             lambda: functions.run(target, env, requeue), args.code,
         )  # fmt: skip
         finish_like_python()

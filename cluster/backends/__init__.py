@@ -79,10 +79,10 @@ class JobRef:
     def done(self) -> bool:
         return self.state().ended
 
-    def done_saying_why_pending(self, say: Say) -> Callable[[], bool]:
+    def done_saying_why_pending(self, say: Say, keep_pending: bool = False) -> Callable[[], bool]:
         """``done`` for a polling loop that also says why the scheduler has not started the
         job, each time the reason changes; a reason that means it never will ends the wait
-        with :class:`NeverStarts`."""
+        with :class:`NeverStarts` (``keep_pending``: it is said, and the wait goes on)."""
         said = None
 
         def done() -> bool:
@@ -91,7 +91,7 @@ class JobRef:
             if state.kind == "waiting" and state.reason and state.reason != said:
                 say(f"job {self.job_id} is pending: {state.reason}")
             said = state.reason
-            if state.never_starts:
+            if state.never_starts and not keep_pending:
                 raise NeverStarts(f"job {self.job_id} will not start as submitted: {state.reason}")
             return state.ended
 

@@ -88,6 +88,7 @@ class Traits:
     (``cluster.plan.make_plan``) and carried by the plan to the request, not asked again."""
 
     in_image: bool = False  # the nodes run the spec's container.image themselves
+    on_this_machine: bool = False  # the ranks run here, with this machine's files (the local launcher)
     restarts: bool = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
     # Jobs wait in a queue for their resources: a sweep submits all its points at once by default
     # (on this machine, local and docker points run one at a time unless asked).
@@ -122,6 +123,12 @@ class Backend(ABC):
         for key in ("restarts", "spare_nodes", "min_nodes"):
             if getattr(spec, key) and not self.traits.restarts:
                 raise ConfigError(key, f"restarts inside the allocation are for cluster=slurm, not {self.name}")
+
+    def beyond_limits(self, spec: JobSpec, plan: Plan) -> list[str]:
+        """Each request of the job that this backend's machines can never meet (the job would
+        wait for ever), in words naming the spec's key and the limit; empty where it can run or
+        no limit is known here."""
+        return []
 
     def host(self, node: int) -> str:
         """Node ``node``'s host name as the plan shows it ("<node3>": known at run time)."""

@@ -1,18 +1,20 @@
 """cluster=local: the request's steps on this machine, run by the local launcher
-(``cluster.launcher.controller``); the job id is its controller's pid."""
+(``cluster.launcher.controller``); the job id is its controller's pid. A spec of several nodes
+runs unchanged: its nodes are emulated here, each node's tasks with their node rank, local
+ranks, logs and GPUs (node n: GPUs n*G .. n*G+G-1), the rendezvous on this machine."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import sys
 
-from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.base import Backend, Say, State, Submission, Traits
 from cluster.jobdir import JobDir
 from cluster.launcher import controller, outcome
 from cluster.system import processes
 from cluster.system.processes import native_stack
-from train.errors import ConfigError
 
 MASTER = "127.0.0.1"
 
@@ -38,11 +40,7 @@ def processes_of(job: JobDir) -> set[int]:
 
 class LocalBackend(Backend):
     name = "local"
-
-    def check(self, spec) -> None:
-        super().check(spec)
-        if spec.nodes != 1:
-            raise ConfigError("nodes", f"cluster=local runs on this machine: nodes must be 1, got {spec.nodes}")
+    traits = Traits(on_this_machine=True)
 
     def host(self, node: int) -> str:
         return "localhost"
@@ -61,7 +59,9 @@ class LocalBackend(Backend):
         def launch(job_dir: JobDir, job_id: str) -> dict:
             return controller.launch_record(job.request, job.plan, job_dir, job_id, job.python, MASTER)
 
-        return controller.submit(job.job_root, job.python, job.files, launch)
+        # The controller runs with this interpreter (the kit's); the tasks with the spec's python,
+        # their output from its first byte in their logs, an interpreter's own errors included.
+        return controller.submit(job.job_root, sys.executable, job.files, launch)
 
     def state(self, job: JobDir) -> State:
         if controller.alive(job):

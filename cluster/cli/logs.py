@@ -25,6 +25,7 @@ from train.errors import ConfigError
 def add_arguments(parser) -> None:
     job_arguments(parser)
     parser.add_argument("--json", action="store_true", help="one object: ranks, first_failure, cascade, ...")
+    parser.add_argument("--verbose", action="store_true", help="a traceback's frames of the kit's own too")
     parser.add_argument(
         "--rank", type=rank_or_all, help="print this rank's log (all attempts); all: every rank's, merged"
     )
@@ -148,7 +149,7 @@ def print_report(report, ledger, job_dir: JobDir, args) -> None:
         return
     if waits := waiting_reason(job_dir):
         print(f"this job {waits}")
-    print(format_report(report))
+    print(format_report(report, verbose=args.verbose))
     if record:
         print(one_line(record))
     from cluster.goodput.ledger import format_line, format_table  # as ledger_of

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 from cluster import api
+from cluster.checks import check_can_run
 from cluster.cli.common import at_least, say, spec_arguments, steps_json
 from cluster.cli.waiting import add_after, add_wait, after_of, wait_for
 from cluster.dependencies import waiting_reason
 from cluster.plan import format_plan
 from cluster.runs.resume import MAX_JOBS
-from cluster.submission import code_of, dry_run, load_spec, make_submission, submit
+from cluster.submission import code_of, dry_run, load_spec, make_submission, node_python, submit
+from train.errors import ConfigError
 
 
 def add_arguments(parser) -> None:
@@ -20,16 +22,27 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", action="store_true", help='print {"job_id": ..., "log_dir": ...}')
     add_wait(parser)
     parser.add_argument("--until-done", action="store_true",
-                        help="wait, and resume the run (cluster resume) after each job that ends short of its last step "
-                        "(a time limit, a stop at the time-limit signal, a failure), until it reaches it; not after a "
-                        "cancel, a failure a restart would repeat, or two jobs in a row without a new checkpoint")  # fmt: skip
+                        help="wait, and resume the run after each job that ends short of its last step (a time limit, "
+                        "a failure), until it reaches it (docs/runs.md)")  # fmt: skip
     parser.add_argument("--max-jobs", type=at_least(1, int), default=MAX_JOBS,
                         help=f"--until-done: at most this many jobs in the run (default {MAX_JOBS})")  # fmt: skip
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="skip the checks that the partition can ever run it and that its python imports the kit",
+    )
     add_after(parser)
 
 
 def run(args) -> int:
     spec, plan = load_spec(args.job, args.overrides, say)
+    if not args.force:
+        try:
+            check_can_run(spec, plan, node_python(spec, plan))
+        except ConfigError as exc:  # a dry run shows what would run, and that it would be refused
+            if not args.dry_run:
+                raise
+            say(f"note: submit would refuse it: {exc}")
     if args.dry_run:
         prepared = make_submission(spec, plan, source=args.job, code=code_of(spec, write=False))
         if args.json:
@@ -54,8 +67,8 @@ def run(args) -> int:
         print(f"logs: {job.job_dir}")
         print(f"inspect: cluster-kit logs {job.job_dir}")
     if args.until_done:
-        last, code = api.until_done(job, args.max_jobs, say, lambda one: wait_for(one, args.json))
+        last, code = api.until_done(job, args.max_jobs, say, lambda one: wait_for(one, args))
         if args.json:  # the run's last job, after the first's line
             print(json.dumps({"job_id": last.job_id, "log_dir": str(last.job_dir), "run": last.status()["run"]}))
         return code
-    return wait_for(job, args.json) if args.wait else 0
+    return wait_for(job, args) if args.wait else 0

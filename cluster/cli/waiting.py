@@ -11,15 +11,19 @@ from cluster import api
 from cluster.cli.common import say
 from cluster.dependencies import parents_of
 from cluster.logs.follow import follow
-from cluster.logs.text import format_report
+from cluster.logs.text import format_report, root_cause
 
 
 def add_wait(parser) -> None:
     parser.add_argument(
         "--wait",
         action="store_true",
-        help="wait for the end, print the triage, write the job's page; exit 1 if any rank failed, "
-        "87 for a deterministic failure (restarts: not restarted)",
+        help="wait for the end, print the triage; exit 1 if a rank failed, 87 if it would fail again",
+    )
+    parser.add_argument(
+        "--keep-pending",
+        action="store_true",
+        help="--wait: keep waiting for a job that can never start (default: cancel it)",
     )
 
 
@@ -27,7 +31,7 @@ def add_after(parser) -> None:
     """--after JOB[,JOB] and its two kinds (cluster.dependencies)."""
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--after", action="append", default=[], metavar="JOB[,JOB]",
-                       help="start once these jobs (ids, job or sweep directories) completed; never, if one failed")  # fmt: skip
+                       help="start once these jobs (ids or directories) completed")  # fmt: skip
     group.add_argument("--after-any", action="append", default=[], metavar="JOB[,JOB]",
                        help="start once these jobs ended, whatever their outcome")  # fmt: skip
     group.add_argument("--after-failed", action="append", default=[], metavar="JOB[,JOB]",
@@ -52,22 +56,28 @@ def submitted_again(job: api.Job, args, fields: dict, headline: str, since: str)
         print(f"submitted job {job.job_id}, {headline}")
         print(f"logs: {job.job_dir}")
         print(f"compare: cluster-kit diff {since} {job.job_dir}")
-    return wait_for(job, args.json) if args.wait else 0
+    return wait_for(job, args) if args.wait else 0
 
 
-def wait_for(job: api.Job, as_json: bool) -> int:
-    """The job's end, its triage and its views; its exit status (``api.exit_code``)."""
+def wait_for(job: api.Job, args) -> int:
+    """The job's end, its triage and its views; its exit status (``api.exit_code``). A job the
+    scheduler will never start is cancelled, and said so, unless ``--keep-pending``."""
+    as_json, keep = args.json, args.keep_pending
     try:
         if as_json:  # no limit: the job has its own time limit, and a person can interrupt
-            report = job.wait(say=say)
+            report = job.wait(say=say, keep_pending=keep)
         else:
             print("waiting for the job to end; rank 0's output:", flush=True)
-            ended = job.ref.done_saying_why_pending(say)
+            ended = job.ref.done_saying_why_pending(say, keep)
             follow(job.ref.job_dir, [0], stop=ended, out=lambda line: print(line, flush=True))
             report = job.report(running=False)
+            if cause := root_cause(report):
+                print(cause)
             print(format_report(report))
     except api.NeverStarts as exc:
-        print(f"error: {exc}; cancel it: cluster-kit cancel {job.job_dir}", file=sys.stderr)
+        job.cancel(say=say)
+        print(f"error: {exc}; cancelled it, since it would wait for ever (--keep-pending keeps it waiting)",
+              file=sys.stderr)  # fmt: skip
         return 1
     write_views(job, as_json)
     return api.exit_code(report)

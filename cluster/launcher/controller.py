@@ -1,4 +1,5 @@
-"""The local launcher's controller: a job's steps on this machine, as srun would run them on one node.
+"""The local launcher's controller: a job's steps on this machine, as srun would run them on its
+nodes (a spec's several nodes emulated here: every node's tasks, each with its node's environment).
 
 ``start`` spawns a controller (``python -P -m cluster.launcher JOB_ROOT``) in a session of its
 own, so that it outlives the submitting command; its pid is the job id, and the job directory
@@ -154,10 +155,10 @@ class Controller:
     poll_s = 0.1
     unit_name = "task"
 
-    def __init__(self, launch: dict, job_dir: JobDir | None = None, node: int = 0):
+    def __init__(self, launch: dict, job_dir: JobDir | None = None, node: int | None = None):
         self.launch = launch
         self.job_dir = job_dir
-        self.node = node
+        self.node = node  # None: every node's tasks (the nodes emulated here); N: node N's (its container)
         self.deadline = time.monotonic() + launch["time_limit_s"]
         name, before_s = launch.get("time_limit_signal") or (None, 0)
         self.time_limit_signal = parse_time_limit_signal(name)[0] if name else None
@@ -182,7 +183,7 @@ class Controller:
     def start(self, step: dict) -> None:
         """This node's tasks of the step, each with its log appended to, like ``srun --output``."""
         self.procs = []
-        for task in (t for t in step["tasks"] if t["node"] == self.node):
+        for task in self.mine(step):
             with open(task["log"], "ab") as log:
                 self.procs.append(
                     subprocess.Popen(
@@ -194,6 +195,9 @@ class Controller:
                     )  # fmt: skip
                 )
             self.say(f"  task {len(self.procs) - 1}: pid {self.procs[-1].pid}: {shlex.join(task['command'])[:300]}")
+
+    def mine(self, step: dict) -> list[dict]:
+        return [t for t in step["tasks"] if self.node is None or t["node"] == self.node]
 
     def exit_codes(self) -> list[int | None]:
         return [p.poll() for p in self.procs]
@@ -217,10 +221,10 @@ class Controller:
         return [p.wait() for p in self.procs]
 
     def run_step(self, step: dict) -> int:
-        self.say(f"step {step['name']}: {sum(t['node'] == self.node for t in step['tasks'])} task(s)")
+        self.say(f"step {step['name']}: {len(self.mine(step))} task(s)")
         self.start(step)
         failed, said = None, set()
-        first = self.node * len(self.procs)  # srun's number of this node's first task
+        first = (self.node or 0) * len(self.procs)  # srun's number of this node's first task
 
         def settled() -> bool:
             nonlocal failed

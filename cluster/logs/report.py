@@ -19,7 +19,7 @@ class RankReport:
     node: int | None = None
     host: str = ""
     gpu: object = None
-    # running, completed, failed, stalled, killed, silent, no_progress; retired: a rank the last
+    # pending, running, completed, failed, stalled, killed, silent, no_progress; retired: a rank the last
     # attempt did not have (it went on with fewer nodes, spec min_nodes)
     state: str = "unknown"
     last_step: int | None = None
@@ -54,6 +54,8 @@ class Report:
     stragglers: list[int]
     running: bool
     hang: dict | None = None
+    pending: str | None = None  # why the scheduler has not started the job yet (None: it has, or it ended)
+    code_tree: str = ""  # the code snapshot the ranks ran: its path in frames is the project's (stacks.as_written)
     flight_recorder: dict | None = None
     attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.restarts.history.summary
     restarts: int = 0
@@ -79,6 +81,8 @@ class Report:
             "world_size": self.world_size,
             "completed": self.completed,
             "running": self.running,
+            "pending": self.pending,
+            "code_tree": self.code_tree,
             "ranks": self.ranks,
             "first_failure": self.first_failure,
             "cascade": self.cascade,

@@ -36,7 +36,8 @@ LastStack = Callable[[RankReport], "Stack | None"]  # a rank's last stack in its
 class Judging:
     """What the rules know of the whole job when they judge one rank."""
 
-    running: bool  # the job still runs
+    running: bool  # the job still runs (or waits to)
+    pending: str | None  # why the scheduler has not started it yet; None: it has
     now: float
     silent_after_s: float  # a running rank quiet this long is silent
     require_progress: bool  # exit 0 without an optimizer step is a failure (program.require_progress)
@@ -83,7 +84,7 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
         rep.state = "silent"
         rep.frames = scan.get("dump_frames", [])
     elif job.running:
-        rep.state = "running"
+        rep.state = "pending" if job.pending and not ev.logs and rep.last_time is None else "running"
     else:
         rep.state = "killed"
         if not ev.logs and rep.last_time is None:  # cancelled while pending, or died starting up

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from cluster.logs.stacks import LIBRARY_PATH, stack_in
-from train.protocol import LEFTOVERS, STAMP_LENGTH, strip_stamp
+from train.protocol import LEFTOVERS, STAMP_LENGTH, STAMPED, strip_stamp
 
 # What "Traceback (most recent call last):" and faulthandler's "(most recent call first):"
 # (stack dumps on SIGTERM, fatal signals, snapshots, the stall watchdog) have in common.
@@ -40,6 +40,21 @@ def parse_stamp(line: bytes) -> float | None:
         return datetime.fromisoformat(line[: STAMP_LENGTH - 1].decode()).timestamp()
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def last_own_line(path: str, window: int = 65536) -> str:
+    """A rank's last line of its own: the last stamped line of its log (a stack dump's lines
+    are not), not one of the kit's rank shim; "" where there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - window))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if STAMPED.match(line) and not line[STAMP_LENGTH:].lstrip().startswith("shim:"):
+            return f"({line[11 : STAMP_LENGTH - 1]}) {line[STAMP_LENGTH:].strip()}"
+    return ""
 
 
 def line_at(buf, pos: int) -> bytes:

@@ -61,8 +61,30 @@ HANG_ERROR = re.compile(r"monitoredBarrier|Detected mismatch between collectives
 ROOT = str(Path(__file__).resolve().parents[2]) + "/"  # the kit's checkout: frames shown relative to it
 # Where a rank is between its program's end and its exit: the kit's entry points.
 TEARDOWN_FILES = re.compile(r"train/(__main__|runner|shim)\.py$")
+# The kit's own frames around a program (its entry points, python -m's runpy): a traceback's
+# frames shown to a person leave them out unless asked (cluster-kit logs --verbose).
+KIT_FRAME = re.compile(
+    r'(?:File ")?(?:[^"\s]*/)?(?:train/(?:__main__|runner|shim|functions|agent)\.py|<frozen runpy>|\S*/runpy\.py)(?:"|:\d)'
+)
 # The outermost frame of a main thread: `python -m ...`, or a script or `python -c`.
 ENTRY_FUNCS = ("_run_module_as_main", "<module>")
+
+
+def as_written(frames: list[str], tree: str = "", verbose: bool = False) -> list[str]:
+    """A traceback's frames (``File "...", line N, in f``, or a stack's ``path:N in f``) as a
+    person reads them: paths as the user wrote them (``relative``); the kit's own frames left
+    out unless ``verbose``, and said so."""
+    shown = [relative(f, tree) for f in frames if verbose or not KIT_FRAME.match(f)]
+    hidden = len(frames) - len(shown)
+    return shown + ([f"({hidden} frame(s) of the kit left out: --verbose shows them)"] if hidden else [])
+
+
+def relative(text: str, tree: str = "") -> str:
+    """``text`` with its paths relative to the submitted project (``tree``: the code snapshot
+    the ranks ran, whose path only ``--json`` keeps) or to the kit's checkout."""
+    for prefix in (tree.rstrip("/") + "/" if tree else "", ROOT):
+        text = text.replace(prefix, "") if prefix else text
+    return text
 
 
 @dataclass(frozen=True)

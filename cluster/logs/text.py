@@ -13,7 +13,8 @@ from cluster.logs.stacks import compress
 from cluster.restarts.history import format_attempts
 
 
-def format_report(report: Report, limit: int = 64) -> str:
+def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str:
+    """``verbose``: a traceback's frames of the kit's own too."""
     head = f"{'rank':>5} {'node':>5} {'host':<14} {'gpu':>4} {'state':<10} {'step':>7} {'loss':>9} {'ms/step':>8} {'last line':>13}"
     lines = [head]
     shown = report.ranks
@@ -40,7 +41,7 @@ def format_report(report: Report, limit: int = 64) -> str:
     lines.append(
         f"world size {report.world_size}: {report.completed} completed"
         + (f", {len(preempted)} preempted" if preempted else "")
-        + (", job running" if report.running else "")
+        + (f", job pending: {report.pending}" if report.pending else ", job running" if report.running else "")
     )
     if preempted:
         lines.append(
@@ -67,7 +68,7 @@ def format_report(report: Report, limit: int = 64) -> str:
             + (f"in step {f['step']}" if f.get("step") is not None else f"after step {f['last_step'] or '-'}")
         )
         lines.append(f"  {f['error']}")
-        for frame in f["frames"][-6:]:
+        for frame in stacks.as_written(f["frames"], report.code_tree, verbose)[-6:]:
             lines.append("  " + frame.replace("\n", "\n  "))
         lines.append(f"  log: {f['log']}")
         if f.get("evidence"):
@@ -85,6 +86,8 @@ def format_report(report: Report, limit: int = 64) -> str:
             else "HANG: no rank stands out (every rank stopped in the same place); see the groups"
         )
         lines.append("  where each rank stopped: " + stacks.describe_groups(report.hang["groups"]))
+        for rank, line in report.hang.get("last_lines", {}).items():
+            lines.append(f"  rank {rank}'s last line {line or '(none of its own)'}")
     if report.flight_recorder and report.flight_recorder.get("behind"):
         fr = report.flight_recorder
         lines.append(
@@ -98,7 +101,19 @@ def format_report(report: Report, limit: int = 64) -> str:
     if report.attempts:
         last = "completed" if report.completed == report.world_size else "running" if report.running else "ended"
         lines += ["", *format_attempts(report.attempts, report.restarts, last)]
-    return "\n".join(lines)
+    return stacks.relative("\n".join(lines), report.code_tree)
+
+
+def root_cause(report: Report, followed: int = 0) -> str:
+    """One line for the top of ``--wait``'s end: the first failure, and where the rank that was
+    followed (``followed``) failed after it, that its error printed above is a consequence."""
+    f = report.first_failure
+    if not f:
+        return ""
+    line = f"ROOT CAUSE: rank {f['rank']}: {stacks.relative(f['error'], report.code_tree)}"
+    if f["rank"] != followed and any(followed in ranks for ranks in report.cascade.values()):
+        line += f" (rank {followed}'s error above is a consequence of it)"
+    return line
 
 
 def tail(path: Path, k: int) -> list[str]:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cluster import backends
+from cluster.backends.base import State
 from cluster.jobdir import ATTEMPTS, DEPENDENCY, JobDir
 from cluster.logs import stacks
 from cluster.logs.kills import SchedulerKills, scheduler_kill
@@ -20,7 +22,7 @@ from cluster.logs.parallel import collector_paused, forked_map
 from cluster.logs.reader import read_rank
 from cluster.logs.report import RankReport, Report
 from cluster.logs.rules import Judging, find_hang, find_stragglers, rank_state, triage
-from cluster.logs.scan import scan_log
+from cluster.logs.scan import last_own_line, scan_log
 from cluster.logs.stacks import Stack
 from cluster.restarts.history import summary
 
@@ -28,10 +30,15 @@ from cluster.restarts.history import summary
 PARALLEL_FROM = 128
 
 
+def job_state(job_dir: JobDir) -> State | None:
+    """Its backend's answer (None: no backend recorded)."""
+    backend = backends.of(job_dir)
+    return backend.state(job_dir) if backend else None
+
+
 def job_is_running(job_dir: JobDir) -> bool | None:
     """Its backend's answer (None: unknown, or no backend recorded)."""
-    backend = backends.of(job_dir)
-    state = backend.state(job_dir) if backend else None
+    state = job_state(job_dir)
     return None if state is None or state.kind == "unknown" else not state.ended
 
 
@@ -47,8 +54,11 @@ def inspect(
     ``step_times``: keep each rank's step times (``--plot``)."""
     job_dir = JobDir(job_dir)
     plan = job_dir.plan()
+    pending, state = None, None
     if running is None:
-        running = job_is_running(job_dir)
+        state = job_state(job_dir)
+        running = None if state is None or state.kind == "unknown" else not state.ended
+        pending = (state.reason or "waiting for the scheduler") if state and state.kind == "waiting" else None
     now = time.time() if now is None else now
     world = plan["world_size"] if plan else job_dir.world_size()
     slots = {r["rank"]: r for r in plan["ranks"]} if plan else {}
@@ -57,8 +67,12 @@ def inspect(
     program = (plan or {}).get("program") or {}
     require_progress = bool(program.get("require_progress"))
     killed_by = SchedulerKills() if running else scheduler_kill(job_dir, plan, names)
-    judging = Judging(bool(running), now, silent_after_s, require_progress, killed_by,
-                      functools.partial(scheduler_says, job_dir))  # fmt: skip
+
+    def ended_as() -> str | None:  # the scheduler's word for the job: asked only for a rank that left nothing
+        return (state or job_state(job_dir) or State(None)).name
+
+    no_log = functools.partial(scheduler_says, job_dir, functools.cache(ended_as))
+    judging = Judging(bool(running), pending, now, silent_after_s, require_progress, killed_by, no_log)
     judged = functools.partial(rank_reports, job_dir, names, judging, step_times)
     workers = max(1, min(os.cpu_count() or 1, world // PARALLEL_FROM))
     chunks = [ranks[i * world // workers : (i + 1) * world // workers] for i in range(workers)]
@@ -72,12 +86,16 @@ def inspect(
         for r in reports[world:]:
             r.state, r.error, r.error_time, r.frames = "retired", None, None, []
     hang = find_hang(reports, last_stack_of)
+    if hang:  # where each culprit's own output stopped
+        hang["last_lines"] = {str(r): last_own_line(reports[r].log) for r in hang["culprits"][:8] if reports[r].log}
     first, cascade = triage(reports, hang, last_stack_of)
     # Retired ranks' step times are of a larger world's: no peers to compare them with.
     stragglers = find_stragglers([r for r in reports if r.state != "retired"], straggler_margin)
     recorder = stacks.flight_recorder(job_dir.flight_recorder_files(names))
-    report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, recorder, attempts)
+    report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, pending, recorder,
+                    attempts)  # fmt: skip
     report.restarts, report.step_times = (plan or {}).get("restarts", 0), times
+    report.code_tree = ((job_dir.provenance() or {}).get("code") or {}).get("tree", "")
     return report
 
 
@@ -112,13 +130,16 @@ def last_stack_of(rank: RankReport) -> Stack | None:
     return stacks.last_stack(Path(rank.log))
 
 
-def scheduler_says(job_dir: JobDir) -> tuple[str, str]:
+def scheduler_says(job_dir: JobDir, ended_as: Callable[[], str | None]) -> tuple[str, str]:
     """(error, file) for a rank with no log of its own: a job that never ran for its dependency
-    (--after) says why; else what the scheduler wrote."""
+    (--after) says why; else what the scheduler wrote; else whether it was cancelled before it
+    started (``ended_as``: the scheduler's word for the job, asked where needed)."""
     if never := job_dir.dependency().get("never_ran"):
         return f"never ran: {never}", str(job_dir.path / DEPENDENCY)
     for path in job_dir.scheduler_logs():
         scan = scan_log(path)
         if scan["error"] or scan["signal"]:
             return f"no rank log; {path.name} says: {scan['error'] or scan['signal']}", str(path)
+    if ended_as() == "CANCELLED":
+        return "cancelled before it started (while pending): no rank ran", ""
     return "never started: no log and no records", ""

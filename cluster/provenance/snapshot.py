@@ -43,7 +43,12 @@ ALWAYS_EXCLUDED = (
     ".git",
     STORE,
 )  # byte code is made from the sources; .git is history; another log root's store
-NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache")
+# Outside git, what no project wants copied: environments, caches, what training writes
+# (checkpoints, logs, trackers' folders, weights). A .kitignore's "!pattern" keeps one of them.
+NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache", "checkpoints",
+                   "runs", "wandb", "lightning_logs", "*.pt", "*.pth", "*.ckpt", "*.safetensors")  # fmt: skip
+KITIGNORE = ".kitignore"  # in the project's root: what its snapshot leaves out, one pattern a line
+NOTICE_MB = 20.0  # a snapshot larger than this says what it took and how to leave things out
 LARGEST_SHOWN = 5
 
 
@@ -125,14 +130,31 @@ def project_of(location: Path) -> tuple[Path, bool]:
 
 
 def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
-    """A pattern matches the path, or any of its parts (``data`` excludes data/x/y)."""
+    """A pattern matches the path, or any of its parts (``data`` excludes data/x/y); one that
+    starts with ``/`` only from the project's root (``/data``: not src/data)."""
     parts = rel.split("/")
-    return any(
-        fnmatch.fnmatch(rel, p)
-        or any(fnmatch.fnmatch(part, p) for part in parts)
-        or rel.startswith(p.rstrip("/") + "/")
-        for p in patterns
-    )
+    for p in patterns:
+        anchored, p = p.startswith("/"), p.strip("/")
+        if fnmatch.fnmatch(rel, p) or rel.startswith(p + "/"):
+            return True
+        if not anchored and any(fnmatch.fnmatch(part, p) for part in parts):
+            return True
+    return False
+
+
+def ignore_rules(root: Path, in_git: bool) -> tuple[str, ...]:
+    """What the snapshot of ``root`` leaves out beyond ``ALWAYS_EXCLUDED``: outside git, the
+    defaults (``NO_GIT_EXCLUDED``) less those a ``!pattern`` of its .kitignore keeps; and the
+    .kitignore's patterns (gitignore's form: a pattern a line, ``#`` comments, ``/`` anchors
+    to the root), in git too."""
+    try:
+        lines = [ln.strip() for ln in (root / KITIGNORE).read_text().splitlines()]
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError):
+        lines = []
+    rules = [ln for ln in lines if ln and not ln.startswith("#")]
+    kept = {ln[1:].strip("/") for ln in rules if ln.startswith("!")}
+    defaults = () if in_git else tuple(p for p in NO_GIT_EXCLUDED if p not in kept)
+    return defaults + tuple(ln for ln in rules if not ln.startswith("!"))
 
 
 def git_files(root: Path, prefix: str = "") -> list[str]:
@@ -149,10 +171,10 @@ def git_files(root: Path, prefix: str = "") -> list[str]:
 
 
 def walked_files(root: Path) -> list[str]:
-    found = []
+    found, rules = [], ignore_rules(root, in_git=False) + ALWAYS_EXCLUDED
     for folder, dirs, names in os.walk(root):
         rel_folder = Path(folder).relative_to(root)
-        dirs[:] = [d for d in dirs if not excluded(str(rel_folder / d), NO_GIT_EXCLUDED + ALWAYS_EXCLUDED)]
+        dirs[:] = [d for d in dirs if not excluded(str(rel_folder / d), rules)]
         found += [str(rel_folder / n) if str(rel_folder) != "." else n for n in names]
     return found
 
@@ -189,11 +211,11 @@ def list_project(root: Path, in_git: bool, exclude: tuple[str, ...], log_root: P
         if log_root.resolve().is_relative_to(root.resolve())
         else None
     )
+    rules = ALWAYS_EXCLUDED + tuple(exclude) + ignore_rules(root, in_git)
     return sorted(
         rel
         for rel in names
-        if not excluded(rel, ALWAYS_EXCLUDED + tuple(exclude))
-        and not (log_rel and (rel == log_rel or rel.startswith(log_rel + "/")))
+        if not excluded(rel, rules) and not (log_rel and (rel == log_rel or rel.startswith(log_rel + "/")))
     )
 
 
@@ -215,16 +237,30 @@ def mb(size: int) -> str:
     return f"{size / 1e6:.1f} MB"
 
 
+def largest(stats: dict[str, os.stat_result]) -> str:
+    biggest = sorted(((rel, st.st_size) for rel, st in stats.items()), key=lambda kv: -kv[1])[:LARGEST_SHOWN]
+    return ", ".join(f"{rel} ({mb(n)})" for rel, n in biggest)
+
+
+def size_note(root: Path, stats: dict[str, os.stat_result]) -> list[str]:
+    """What a large snapshot took and how to leave things out (said at submission)."""
+    total = sum(st.st_size for st in stats.values())
+    if total <= NOTICE_MB * 1e6:
+        return []
+    return [f"the code snapshot of {root} is {mb(total)} in {len(stats)} files (largest: {largest(stats)}); "
+            f"leave data and checkpoints out with {root / KITIGNORE} (a pattern a line, as .gitignore), "
+            ".gitignore in git, or snapshot.exclude=[...]"]  # fmt: skip
+
+
 def check_size(root: Path, stats: dict[str, os.stat_result], max_mb: float) -> None:
     sizes = {rel: st.st_size for rel, st in stats.items()}
     total = sum(sizes.values())
     if total > max_mb * 1e6:
-        largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:LARGEST_SHOWN]
         raise ConfigError(
             "snapshot.max_mb",
             f"the code snapshot of {root} would be {mb(total)} in {len(sizes)} files, over the limit of {max_mb:g} MB; "
-            f"largest: {', '.join(f'{rel} ({mb(n)})' for rel, n in largest)}. Leave data and checkpoints out "
-            "(.gitignore, or snapshot.exclude=[...]), raise snapshot.max_mb, or snapshot=false",
+            f"largest: {largest(stats)}. Leave data and checkpoints out "
+            f"({KITIGNORE}, .gitignore, or snapshot.exclude=[...]), raise snapshot.max_mb, or snapshot=false",
         )
 
 
@@ -389,8 +425,13 @@ def left_out(rel: str, root: Path, in_git: bool, exclude: tuple[str, ...], log_r
         return f"snapshot.exclude's pattern {found!r} leaves it out: drop the pattern, or move the file"
     if in_git and git(root, "check-ignore", "-q", rel) is not None:
         return "git ignores it (.gitignore), and the snapshot holds what git would commit: un-ignore or move it"
-    if not in_git and excluded(rel, NO_GIT_EXCLUDED):
-        return "outside git, the snapshot leaves out virtual environments and caches: move it"
+    rules = ignore_rules(root, in_git)
+    if excluded(rel, rules):
+        found = next(p for p in rules if excluded(rel, (p,)))
+        where = (
+            f"{KITIGNORE}'s pattern" if not (not in_git and found in NO_GIT_EXCLUDED) else "outside git, the default"
+        )
+        return f"{where} {found!r} leaves it out (environments, caches, checkpoints, runs): add !{found} to {KITIGNORE}, or move it"
     return "it is not a regular file the snapshot could copy"
 
 
@@ -428,7 +469,9 @@ def take(
     store = log_root.absolute() / STORE
     notes = [f"{rel}: gone between listing and copying, not in the snapshot" for rel in vanished]
     if not in_git:
-        notes.append(f"{root} is in no git work tree: the snapshot is its directory ({len(manifest)} files)")
+        notes.append(f"{root} is in no git work tree: the snapshot is its directory ({len(manifest)} files), less "
+                     f"checkpoints, runs, *.pt and the like, and what {KITIGNORE} says")  # fmt: skip
+    notes += size_note(root, stats)
     facts = git_facts(root, set(manifest), tuple(exclude)) if in_git else None
     diff = git_diff(root, facts["changed"]) if facts and facts["dirty"] else ""
     tree, created = store / "trees" / digest, []

@@ -141,16 +141,19 @@ def failure_view(report: Report, page_dir: Path) -> dict | None:
         rank = report.ranks[culprit]
         stack = stacks.last_stack(Path(rank.log)) if rank.log else None
         return {
-            "kind": "hang", "rank": culprit, "error": (f or {}).get("error") or f"rank {culprit} stalled",
-            "frames": [frame.label() for frame in stack.frames] if stack else [],
-            "where": stacks.describe_groups(report.hang["groups"]), "tail": log_tail(rank.log),
+            "kind": "hang", "rank": culprit,
+            "error": stacks.relative((f or {}).get("error") or f"rank {culprit} stalled", report.code_tree),
+            "frames": stacks.as_written([frame.label() for frame in stack.frames] if stack else [], report.code_tree),
+            "where": stacks.relative(stacks.describe_groups(report.hang["groups"]), report.code_tree),
+            "tail": log_tail(rank.log),
             "log": os.path.relpath(rank.log, page_dir) if rank.log else None, "host": rank.host, "step": rank.last_step,
             "time": fmt_time((f or {}).get("time")) if f else None, "cascade": [],
         }  # fmt: skip
     if not f:
         return None
     return {
-        "kind": "failure", "rank": f["rank"], "error": f["error"], "frames": f["frames"], "where": "",
+        "kind": "failure", "rank": f["rank"], "error": stacks.relative(f["error"], report.code_tree), "where": "",
+        "frames": stacks.as_written(f["frames"], report.code_tree),
         "tail": log_tail(f["log"]), "log": os.path.relpath(f["log"], page_dir) if f["log"] else None,
         "host": f["host"], "step": f["last_step"], "time": fmt_time(f["time"]),
         "cascade": [(label, compress(ranks)) for label, ranks in report.cascade.items()],

@@ -116,16 +116,30 @@ def test_bad_specs_exit_2_and_submit_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
+def test_a_request_the_nodes_cannot_meet_is_refused_and_forced_it_is_said_pending_then_cancelled(tmp_path):
     """The stock multi_node spec asks 8 CPUs per task and 128G per node; the emulated nodes
-    have 4 CPUs and 8000 MB. SLURM accepts such a job and leaves it pending forever: status
-    and --wait say why, and once cancelled, logs says no rank started."""
+    have 4 CPUs and 8000 MB (and there are 3). Such a request is refused at submission, naming
+    the request and the limit, and nothing is submitted. With --force SLURM accepts it and
+    leaves it pending for ever: status, logs and --wait say why; --wait cancels it and says so;
+    once cancelled, logs says it was cancelled before it started."""
     from cluster.backends import JobRef, NeverStarts, get
     from cluster.backends.slurm.backend import slurm_job
     from cluster.jobdir import JobDir
 
-    result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", wait=False)
+    before = squeue_ids()
+    for overrides, said in [
+        ((), "cpus_per_task × tasks_per_node = 32 > 4 CPUs on every node of partition debug; mem = 131072M > 8000M"),
+        ((*FIT, "nodes=4"), "nodes + spare_nodes = 4 > 3 nodes in partition debug"),
+        ((*FIT, "cpus_per_task=2"), "cpus_per_task × tasks_per_node = 8 > 4 CPUs on every node of partition debug"),
+    ]:
+        refused = run_module("cluster", "submit", "jobs/multi_node.yaml", f"log_dir={tmp_path}", *overrides)
+        assert refused.returncode == 2 and said in refused.stderr and "--force" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert squeue_ids() == before and not (tmp_path / "multi-node").exists()
+
+    result, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", "--force", wait=False)
     assert result.returncode == 0, result.stderr
+    job_dir = tmp_path / "multi-node" / info["job_id"]
     try:
         # the scheduler sets the reason at its next pass
         wait_until(lambda: slurm_job(info["job_id"]).get("Reason") not in (None, "None"), 60, "a pending reason")
@@ -134,18 +148,41 @@ def test_a_request_the_nodes_cannot_meet_is_reported_while_it_pends(tmp_path):
         state = json.loads(status.stdout)
         assert state["state"] == "PENDING" and state["reason"].startswith("PartitionConfig"), state
         assert "will not start as submitted" in state["reason"]
+        code, report = logs_json(job_dir)
+        assert report["pending"] == state["reason"] and {r["state"] for r in report["ranks"]} == {"pending"}
+        assert f"job pending: {state['reason']}" in run_module("cluster", "logs", str(job_dir)).stdout
         said = []
-        ended = JobRef(JobDir(tmp_path / "multi-node" / info["job_id"]), get("slurm")).done_saying_why_pending(
-            said.append
-        )
+        ended = JobRef(JobDir(job_dir), get("slurm")).done_saying_why_pending(said.append)
         with pytest.raises(NeverStarts, match="will not start as submitted"):  # waiting would be forever
             ended()
         assert said == [f"job {info['job_id']} is pending: {state['reason']}"]
     finally:
         subprocess.run(["scancel", info["job_id"]], check=False)
     wait_state(info["job_id"], ("CANCELLED", "GONE"), timeout=30)
-    code, report = logs_json(tmp_path / "multi-node" / info["job_id"])
-    assert report["first_failure"]["error"] == "never started: no log and no records"
+    code, report = logs_json(job_dir)
+    assert report["first_failure"]["error"] == "cancelled before it started (while pending): no rank ran"
+
+    waited, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", "--force", timeout=120)
+    assert waited.returncode == 1 and "cancelled it, since it would wait for ever" in waited.stderr, waited.stderr
+    assert slurm_job(info["job_id"]).get("JobState") in (None, "CANCELLED")
+
+
+def test_a_script_the_kit_never_saw_is_a_job_on_two_nodes(tmp_path):
+    """Issue 71's newcomer on SLURM: ``cluster-kit submit script.py --nodes 2 ... -- --steps 50``
+    in a clean directory, no YAML: the spec's defaults fit the cluster, and it trains."""
+    from tests.clients.test_newcomer import KIT, SCRIPT
+
+    (tmp_path / "script.py").write_text(SCRIPT)
+    done = subprocess.run([KIT, "submit", "script.py", "--nodes", "2", "--ntasks-per-node", "2", "--time", "5",
+                           "--wait", "--json", "--", "--steps", "50"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    job_dir = tmp_path / json.loads(done.stdout.splitlines()[0])["log_dir"]
+    code, report = logs_json(job_dir)
+    assert [(r["node"], r["state"], r["last_step"]) for r in report["ranks"]] == [
+        (n, "completed", 50) for n in (0, 0, 1, 1)
+    ]
+    assert report["ranks"][0]["last_loss"] is not None
 
 
 def test_rendered_script_runs_with_plain_sbatch(tmp_path):

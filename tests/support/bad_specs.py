@@ -25,7 +25,6 @@ BAD = [
     (["train.steps=abc"], "train.steps"),
     (["parallel.strategy=fsd"], "parallel.strategy"),
     (["train.batch_size=60", "nodes=1", "gpus_per_node=8"], "train.batch_size"),
-    (["cluster=local", "nodes=2"], "nodes"),
     (["restarts=-1"], "restarts"),
     (["spare_nodes=1"], "spare_nodes"),
     (["cluster=local", "nodes=1", "restarts=2"], "restarts"),

@@ -101,8 +101,8 @@ def test_a_functions_sweep_validates_every_point_before_anything_runs(tmp_path):
 
     local = {"cluster": "local", "log_dir": str(tmp_path)}
     with pytest.raises(cluster.ConfigError) as raised:
-        cluster.sweep(fn, grid={"lr": [0.1], "nodes": [1, 2]}, **local)
-    assert raised.value.key == "nodes" and "point 1: lr=0.1 nodes=2" in str(raised.value)
+        cluster.sweep(fn, grid={"lr": [0.1], "nodes": [1, 0]}, **local)
+    assert raised.value.key == "nodes" and "point 1: lr=0.1 nodes=0" in str(raised.value)
     with pytest.raises(cluster.ConfigError) as raised:
         cluster.sweep(fn, grid={"learning_rate": [0.1, 1]}, **local)  # neither fn's nor the spec's
     assert raised.value.key == "learning_rate"

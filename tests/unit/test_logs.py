@@ -400,7 +400,7 @@ def test_the_rules_judge_made_up_evidence_without_a_file():
     def judged(**fields):
         scan = {"last_time": 100.0, "stalled": None, "signal": None, "mtime": 130.0, **fields.pop("scan", {})}
         evidence = RankEvidence(rank=fields.pop("rank", 0), logs=["r.log"], scan=scan, **fields)
-        return rank_state(evidence, Judging(False, 200.0, 300.0, True, SchedulerKills(), lambda: ("no log", "")))
+        return rank_state(evidence, Judging(False, None, 200.0, 300.0, True, SchedulerKills(), lambda: ("no log", "")))
 
     stalled = judged(trained=True, progress=90.0, last_step=10, scan={"stalled": "Timeout (0:00:25)!"})
     assert (stalled.state, stalled.error_time, stalled.last_step) == ("stalled", 90.0, 10)
@@ -461,7 +461,7 @@ def test_a_rank_ended_by_a_signal_sent_to_the_whole_job_is_never_the_culprit(bat
         (job_dir / "node_00000.log").write_text("")
         (job_dir / "node_00001.log").write_text(agent_log)
     kills = scheduler_kill(JobDir(job_dir), plan, JobDir(job_dir).names())
-    judging = Judging(False, 200.0, 300.0, True, kills, lambda: ("no log", ""))
+    judging = Judging(False, None, 200.0, 300.0, True, kills, lambda: ("no log", ""))
     nodes = {0: "n1", 1: "n2"}
 
     def judged(rank, last_time, mtime, **scan):
@@ -526,7 +526,7 @@ def test_a_peer_that_outlived_its_sigterm_is_the_cascade_of_the_rank_that_raised
     job_dir = tmp_path / "job" / "12"
     job_dir.mkdir(parents=True)
     (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
-    judging = Judging(False, 200.0, 300.0, True, scheduler_kill(JobDir(job_dir), {}, JobDir(job_dir).names()),
+    judging = Judging(False, None, 200.0, 300.0, True, scheduler_kill(JobDir(job_dir), {}, JobDir(job_dir).names()),
                       lambda: ("no log", ""))  # fmt: skip
     peer = rank_state(RankEvidence(rank=0, node=0, node_name="n1", logs=["r.log"], trained=True, progress=100.0,
                                    scan={"last_time": 100.0, "mtime": 136.0}), judging)  # fmt: skip
@@ -536,3 +536,35 @@ def test_a_peer_that_outlived_its_sigterm_is_the_cascade_of_the_rank_that_raised
     assert peer.job_wide and "after task 1's end" in peer.error
     first, cascade = triage([peer, raised])
     assert (first["rank"], first["error"]) == (1, "ValueError: bad batch") and sum(cascade.values(), []) == [0]
+
+
+def test_a_failure_reads_as_the_user_wrote_it_root_cause_first_and_the_hung_ranks_last_line(tmp_path):
+    """Issue 71: frames carry the project's own paths (the snapshot's only in --json), the kit's
+    entry-point frames are left out unless --verbose, --wait's end starts with the root cause
+    and says rank 0's error above was its consequence, and a hang shows the culprit's last line."""
+    from cluster.logs.report import RankReport, Report
+    from cluster.logs.scan import last_own_line
+    from cluster.logs.text import root_cause
+
+    tree = "/p/runs/.snapshots/trees/9deca6fb"
+    frames = [
+        'File "/k/train/shim.py", line 55, in main\n    runpy.run_path(script)',
+        'File "<frozen runpy>", line 88, in _run_code',
+        f'File "{tree}/my_train.py", line 34, in <module>\n    step()',
+    ]
+    first = {"rank": 2, "node": 1, "host": "n2", "gpu": 0, "time": START, "step": 150, "last_step": 140,
+             "error": f"ValueError: bad batch ({tree}/data.py)", "frames": frames, "log": "rank_00002.log"}  # fmt: skip
+    ranks = [RankReport(rank=r, state="failed") for r in range(3)]
+    report = Report(str(tmp_path), 3, ranks, first, {"Connection closed by peer": [0, 1]}, [], False, code_tree=tree)
+    text = format_report(report)
+    assert 'File "my_train.py", line 34' in text and "ValueError: bad batch (data.py)" in text
+    assert tree not in text and "shim.py" not in text and "(2 frame(s) of the kit left out" in text
+    assert "shim.py" in format_report(report, verbose=True) and report.to_json()["code_tree"] == tree
+    assert (
+        root_cause(report)
+        == "ROOT CAUSE: rank 2: ValueError: bad batch (data.py) (rank 0's error above is a consequence of it)"
+    )
+    log = tmp_path / "rank_00002.log"
+    log.write_text(f"{stamp(START)}step 80 loss 2.1\n{stamp(START + 1)}shim: USR1 came\nTimeout (0:00:10)!\n"
+                   '  File "x.py", line 3 in f\n')  # fmt: skip
+    assert last_own_line(str(log)).endswith(") step 80 loss 2.1")

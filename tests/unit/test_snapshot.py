@@ -71,7 +71,28 @@ def test_a_program_outside_every_git_tree_is_its_directory_said_once(tmp_path):
     (folder / "runs/old.log").write_text("a log")
     code = take(folder, folder / "runs")
     assert files_of(code) == {"train.py"} and code.git is None  # no environment, no logs
-    assert code.notes == [f"{folder} is in no git work tree: the snapshot is its directory (1 files)"]
+    assert code.notes == [
+        f"{folder} is in no git work tree: the snapshot is its directory (1 files), less checkpoints, runs, *.pt "
+        "and the like, and what .kitignore says"
+    ]
+
+
+def test_a_project_outside_git_leaves_out_checkpoints_and_what_its_kitignore_says_and_says_when_large(tmp_path):
+    """Issue 71: outside git, what training writes stays out by default (checkpoints/, *.pt, an
+    output folder that is not the log root), and a .kitignore's gitignore-style lines add
+    patterns (``/`` anchors to the root) or keep a default (``!``); above 20 MB the snapshot
+    says what it took and how to leave things out."""
+    folder = tmp_path / "project"
+    for rel in ("train.py", "model.pt", "checkpoints/step_10/x.distcp", "data/raw.bin", "src/data/loader.py",
+                "weights/best.pt", "notes.md"):  # fmt: skip
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text("x")
+    (folder / ".kitignore").write_text("# mine\n/data\nnotes.md\n!*.pt\n")
+    code = take(folder, tmp_path / "logs")
+    assert files_of(code) == {"train.py", "src/data/loader.py", "model.pt", "weights/best.pt", ".kitignore"}
+    (folder / "big.bin").write_bytes(b"\0" * 21_000_000)
+    (note,) = [n for n in take(folder, tmp_path / "logs", write=False).notes if "MB" in n]
+    assert "21.0 MB in 6 files (largest: big.bin (21.0 MB)" in note and ".kitignore" in note
 
 
 def test_a_submodules_files_are_in_the_snapshot(repo, tmp_path):

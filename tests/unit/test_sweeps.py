@@ -56,7 +56,7 @@ def test_python_values_and_listed_points_become_overrides(tmp_path):
     [
         (["optim.lr=0.1,1", "parallel.strategy=ddp,fsdp,tp", "parallel.tp=3"], "parallel.tp", "point 0"),
         (["optim.lr=0.1,1", "train.no_such=1,2"], "train.no_such", "point 0"),
-        (["nodes=1,2"], "nodes", "point 1: nodes=2"),  # cluster=local runs one node
+        (["nodes=1,0"], "nodes", "point 1: nodes=0"),  # no job has no node
     ],
 )
 def test_an_invalid_point_exits_2_naming_the_point_and_the_key_and_nothing_runs(tmp_path, args, key, point):

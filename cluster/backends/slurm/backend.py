@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 
 from cluster.backends.base import Arrays, Backend, Say, State, Submission, Traits
+from cluster.backends.slurm import limits
 from cluster.jobdir import ARRAY_TASK_SCRIPT, PLAN, JobDir
 from cluster.logs.stacks import compress
 from cluster.system.kit import kit_env
@@ -89,6 +90,18 @@ class SlurmJobs(Backend):
         reason = pending_reason(fields)
         never = fields.get("Reason") in NEVER_STARTS and fields.get("JobState") == "PENDING"
         return State(fields.get("JobState"), reason, never)
+
+    def beyond_limits(self, spec, plan) -> list[str]:
+        part = limits.read(spec.partition)
+        try:
+            mem = limits.mem_mb(spec.mem) if spec.mem else None
+        except ValueError:  # a size only sbatch reads: sbatch judges it
+            mem = None
+        if part is None:
+            return []
+        ask = limits.Ask(spec.nodes + spec.spare_nodes, spec.cpus_per_task * plan.tasks_per_node, mem,
+                         spec.gpus_per_node, spec.time_minutes)  # fmt: skip
+        return limits.beyond(ask, part)
 
     def cancel(self, job: JobDir, grace_s: float, say: Say) -> None:
         subprocess.run(["scancel", job.job_id], check=True)
