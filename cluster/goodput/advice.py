@@ -8,7 +8,7 @@ import statistics
 import yaml
 
 from cluster.goodput.ledger import Ledger, expected_ettr, gpus_per_node, ledger_of, mtbf_hours, young_daly_s
-from cluster.goodput.simulate import Scenario, parse_scenario, simulate
+from cluster.goodput.simulate import SOURCES, Scenario, parse_scenario, simulate
 from cluster.jobdir import TRAIN_CONFIG, JobDir
 from train.errors import ConfigError
 
@@ -102,15 +102,18 @@ def format_advice(advice: dict | None) -> list[str]:
     ]
 
 
-def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> tuple[Scenario, list[str]]:
+def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> tuple[Scenario, list[str], list[str]]:
     """A scenario with the job's measured phase costs (what it did not measure keeps its
-    default), and the names of those it measured; a ``replay`` of its failures also trains
+    default) and its own size (nodes, GPUs, spare nodes, ckpt_every where its spec sets them),
+    the names of those it measured and of those its spec gave; a ``replay`` of its failures also trains
     what it trained, not a day's work. An asynchronous job's save blocked for ``save_s`` and
     was written in ``write_s``, which is what a synchronous save of it would have taken; a
     replayed synchronous job's saves block whole under every policy, so that ``warm`` is its
     own restarts where they started warm (``warm_startup_s``: its restarts' start-up)."""
     m = measured(job_dir, ledger)
-    s = Scenario(nodes=m["nodes"], gpus_per_node=m["gpus_per_node"])
+    spares = (job_dir.plan() or {}).get("spare_nodes", 0)
+    s = Scenario(nodes=m["nodes"], gpus_per_node=m["gpus_per_node"], spare_nodes=spares)
+    own = ["nodes", "gpus_per_node", "spare_nodes", *(["ckpt_every"] if m["ckpt_every"] else [])]
     if replay:
         s.work_h = ledger.categories["productive"] / 3600
     if m["write_s"] is not None:
@@ -127,26 +130,30 @@ def scenario_of(job_dir: JobDir, ledger: Ledger, replay: bool) -> tuple[Scenario
         if value is not None:
             setattr(s, key, value)
             found.append(key)
-    return s, found
+    if replay:
+        found.append("work_h")
+    return s, [k for k in found if k not in own], own
 
 
 def simulation(job_dir: JobDir | None, pairs: list[str], say) -> tuple[Scenario, dict]:
     """``cluster goodput``'s scenario (the job's measured costs where one is given, then
     ``pairs``, key=value) and what the simulator makes of it."""
-    base, found = None, []
+    base, found, own = None, [], []
     if job_dir is not None:
         ledger = ledger_of(job_dir)
         if ledger is None:
             raise ConfigError(str(job_dir), "has no records yet: nothing measured to simulate from")
-        base, found = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in pairs))
-        say(f"measured in {job_dir}: step {base.step_s:g} s, save {base.ckpt_s:g} s, start-up {base.startup_s:g} s")
+        base, found, own = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in pairs))
     scenario = parse_scenario(pairs, base)
     if not scenario.failures_at:
         say(f"simulating {scenario.trials} runs per policy and interval ...")
     result = simulate(scenario)
     given = {pair.partition("=")[0] for pair in pairs}
-    for key in found:
-        result["sources"][key] = f"measured: {job_dir}'s ledger"
-    for key in given:
-        result["sources"][key] = "given (--simulate)"
+    kinds = dict.fromkeys(SOURCES, "assumed")
+    for keys, kind, source in ((found, "measured", f"measured: {job_dir}'s ledger"),
+                               (own, "job", f"the job's own: {job_dir}'s spec"),
+                               (given, "given", "given (--simulate)")):  # fmt: skip
+        for key in keys:
+            result["sources"][key], kinds[key] = source, kind
+    result["kinds"] = kinds
     return scenario, result

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import textwrap
 from dataclasses import asdict, dataclass, field, fields
 
 from cluster.goodput.ledger import mtbf_hours, young_daly_s
@@ -73,7 +74,17 @@ SOURCES = {
     "requeue_s": "a requeue's trip through the scheduler's queue and a fresh allocation: 10 minutes assumed "
                  "(the minicluster: 148 s for 2 nodes, docs/benchmarks.md)",
     "spare_nodes": "hot spares held beside the job (16 for 2,048 nodes, under 1 %)",
+    "nodes": "the scale the kit is built for: 2,048 nodes x 8 GPUs (issue 64)",
+    "gpus_per_node": "8 GPUs a node, an H100 or H200 server's",
+    "work_h": "a day of training (24 h)",
+    "ckpt_every": "a save every 500 steps",
+    "other_frac": "nothing besides steps and saves (evaluation, logging): 0 %",
 }  # fmt: skip
+# The spec's key for a term a job's spec sets (else only --simulate KEY=V changes it)
+SPEC_KEYS = {"nodes": "nodes", "gpus_per_node": "gpus_per_node", "spare_nodes": "spare_nodes",
+             "ckpt_every": "train.ckpt_every"}  # fmt: skip
+KINDS = {"measured": "measured (the job's ledger)", "job": "the job's own (its spec)", "given": "given (--simulate)",
+         "assumed": "assumed (--simulate KEY=V changes one)"}  # fmt: skip
 
 
 @dataclass
@@ -212,14 +223,7 @@ def in_the_way(s: Scenario, policy: str, every: int) -> dict:
 
 
 def format_simulation(s: Scenario, result: dict) -> list[str]:
-    lines = [
-        f"{s.nodes} nodes x {s.gpus_per_node} GPUs, {s.work_h:g} h of training, MTBF {result['mtbf_h']:g} h, "
-        f"step {s.step_s:g} s, save {s.ckpt_s:g} s (asynchronous: {s.ckpt_blocking_s:g} s, written in "
-        f"{s.write_s:g} s), start-up {s.startup_s:g} s (warm: {s.warm_startup_s:g} s), detection {s.detection_s:g} s, "
-        f"restart {s.restart_s:g} s, requeue {s.requeue_s:g} s, {s.spare_nodes} spare node(s), other "
-        f"{s.other_frac * 100:g} % of the steps' time",
-        f"{'policy':<10}{'ckpt_every=' + str(s.ckpt_every):>20}{'its recommended':>26}",
-    ]
+    lines = [*format_terms(s, result), f"{'policy':<10}{'ckpt_every=' + str(s.ckpt_every):>20}{'its recommended':>26}"]
     for policy, row in result["policies"].items():
         lines.append(f"{policy:<10}{row['ckpt_every'] * 100:>19.1f}%{row['recommended'] * 100:>14.1f}% "
                      f"(every {row['recommended_ckpt_every']})")  # fmt: skip
@@ -229,5 +233,25 @@ def format_simulation(s: Scenario, result: dict) -> list[str]:
                  f"{best['recommended'] * 100:.1f}% ({verdict} the {result['goal'] * 100:g}% goal)")  # fmt: skip
     if way := result.get("in_the_way"):
         lines.append(f"in the way: {way['largest']} ({way['shares'][way['largest']] * 100:.1f}% of the time)")
-    lines.append("where each cost comes from: --json's sources")
+    lines.append("where each term comes from, in full: --json's sources")
+    return lines
+
+
+def format_terms(s: Scenario, result: dict) -> list[str]:
+    """Every term of the scenario under what it is: measured in the job, the job's own (its
+    spec), given, or assumed (with the figure it comes from, and the spec's key where one sets it)."""
+    kinds = result.get("kinds") or {key: "assumed" for key in SOURCES}
+    values = {**asdict(s), "mtbf_h": result["mtbf_h"], "ckpt_write_s": s.write_s}
+    lines = []
+    for kind, title in KINDS.items():
+        keys = [key for key in SOURCES if kinds.get(key) == kind]
+        if not keys:
+            continue
+        if kind != "assumed":
+            lines.append(f"{title}: " + ", ".join(f"{key} {values[key]:g}" for key in keys))
+            continue
+        lines.append(f"{title}:")
+        for key in keys:
+            spec = f" [spec: {SPEC_KEYS[key]}]" if key in SPEC_KEYS else ""
+            lines.append(f"  {key} {values[key]:g}{spec}: {textwrap.shorten(SOURCES[key], 100, placeholder=' ...')}")
     return lines

@@ -222,6 +222,42 @@ def test_a_copy_that_lost_its_files_times_still_has_a_ledger_from_its_records(tm
     assert ledger.ettr == pytest.approx((100 + 300) * 0.5 / 370)
 
 
+def test_each_term_is_marked_measured_the_jobs_own_given_or_assumed_with_its_source(tmp_path):
+    """Issue 71: a job that saved nothing is not said to have measured a save; its own nodes,
+    spares and ckpt_every replace the defaults; every assumption names its figure and, where
+    the spec sets it, the spec's key."""
+    from cluster.goodput.advice import simulation
+    from cluster.goodput.simulate import format_simulation
+
+    job = requeued_job(tmp_path)
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    (tmp_path / "plan.json").write_text(json.dumps({**plan, "spare_nodes": 1}))
+    scenario, result = simulation(job, ["trials=5", "mtbf_h=2"], lambda text: None)
+    kinds = result["kinds"]
+    assert (scenario.nodes, scenario.spare_nodes, scenario.ckpt_every, scenario.ckpt_s) == (2, 1, 50, 1.0)
+    assert [k for k in ("nodes", "spare_nodes", "ckpt_every") if kinds[k] == "job"] == [
+        "nodes",
+        "spare_nodes",
+        "ckpt_every",
+    ]
+    assert (kinds["ckpt_s"], kinds["step_s"], kinds["mtbf_h"], kinds["work_h"]) == (
+        "measured",
+        "measured",
+        "given",
+        "assumed",
+    )
+    unsaved = [r for r in map(json.loads, (tmp_path / "rank_00000.jsonl").read_text().splitlines())
+               if r["event"] != "checkpoint"]  # fmt: skip
+    (tmp_path / "rank_00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in unsaved))
+    (tmp_path / "train.yaml").write_text("train: {}\n")
+    scenario, result = simulation(job, ["trials=5"], lambda text: None)
+    assert result["kinds"]["ckpt_s"] == "assumed" and result["kinds"]["ckpt_every"] == "assumed"
+    text = "\n".join(format_simulation(scenario, result))
+    assert "measured (the job's ledger): step_s 0.5" in text and "save" not in text.split("assumed")[0]
+    assert "  ckpt_every 500 [spec: train.ckpt_every]: a save every 500 steps" in text
+    assert "  ckpt_s 30: a synchronous save's pause" in text and "  work_h 24: a day of training" in text
+
+
 def test_the_timeline_has_a_row_per_attempt_and_group_of_ranks(tmp_path):
     """The second node's ranks (2-3) got their first step 5 s later: their group's row shows a
     longer start-up than rank 0's; groups without records are left out."""
