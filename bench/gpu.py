@@ -31,8 +31,9 @@ import torch
 from torch import nn
 
 from cluster.spec import JobSpec
-from train.config import Config, ConfigError, as_overrides, load
+from train.config import Config, as_overrides, load
 from train.dist_env import from_environ
+from train.errors import ConfigError
 from train.loop import autocast_context, param_dtype, run
 from train.model import flops_per_sample, layer_dims
 

@@ -28,9 +28,10 @@ from bench.gpu import backward_and_step
 from bench.runs import launch, machine, run_ranks
 from bench.scaling.fit import averaging_break_even
 from bench.scaling.study import FIT_FILE, RUN_DIR
-from train.config import Config, ConfigError, TrainConfig, load
+from train.config import Config, TrainConfig, load
 from train.data import ShardedSampler, make_dataset
 from train.dist_env import DistEnv, from_environ
+from train.errors import ConfigError
 from train.hangs import StallWatchdog
 from train.loop import autocast_context, run
 from train.model import build_mlp, parameter_count

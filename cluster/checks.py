@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from cluster import backends
 from cluster.spec import JobSpec, ProgramSpec
 from cluster.system.kit import KIT_ROOT, kit_env
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.protocol import parse_time_limit_signal
 
 if TYPE_CHECKING:  # types only: the traits come with the plan

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from cluster import backends
 from cluster.backends.base import Traits
 from cluster.spec import JobSpec
-from train.config import ConfigError, check_batch_split
+from train.config import check_batch_split
+from train.errors import ConfigError
 from train.parallel.mesh import PER_RANK_STATE, ParallelDims, resolve_dims
 from train.protocol import PORT_RULE
 

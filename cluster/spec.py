@@ -16,17 +16,18 @@ from cluster.jobdir import FUNCTION_DIR
 from train.config import (
     TRAIN_SECTIONS,
     Config,
-    ConfigError,
     DataConfig,
     ModelConfig,
     OptimConfig,
     ParallelConfig,
     ShellWords,
     TrainConfig,
+    check_flags,
     require_positive,
     require_signal,
     to_dict,
 )
+from train.errors import ConfigError
 from train.protocol import CHECKPOINT_DIR_VAR, PROGRAM_KINDS, RUN_ID_VAR, parse_time_limit_signal
 
 # Values interpolated into #SBATCH lines and paths: no shell syntax, no spaces.
@@ -170,7 +171,7 @@ class ProgramSpec:
 @dataclass
 class JobSpec:
     name: str = "train"  # the job's name: its folder under log_dir, SLURM's --job-name
-    # The backend (cluster.backends): slurm: sbatch; local: this machine, one node; docker: one
+    # The backend (cluster.backends): slurm: sbatch; local: this machine (its nodes emulated); docker: one
     # container per node on this machine, from container.image (the Docker SDK; try a
     # multi-node job in the image).
     cluster: str = "slurm"
@@ -317,6 +318,7 @@ class JobSpec:
             require_signal("signal", self.signal)
         if self.program is None:  # beside a program, every trainer key is refused (check_program_sections)
             check_kit_keys(self)
+            check_flags(self.train, self.parallel)
         require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
         # what the spec's backend cannot run is checked at submission (cluster.checks)
         if self.restarts and self.container.runtime == "pyxis":

@@ -11,8 +11,8 @@ import os
 import signal
 import sys
 
-from train.config import Config, ConfigError, help_text, load
-from train.errors import RankFailed
+from train.config import Config, help_text, load
+from train.errors import ConfigError, RankFailed
 from train.output import leave
 from train.preempt import armed
 

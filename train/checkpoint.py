@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from train import dcp_writer
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.faults import unwritable_checkpoint
 from train.parallel.common import Trainable
 from train.protocol import LATEST, step_name

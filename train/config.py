@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from train.errors import ConfigError  # here too: every user of the configuration catches it
+from train.errors import ConfigError  # its one home: every module imports it from train.errors
 from train.protocol import CHECKPOINTS, PREEMPT_SIGNAL, parse_time_limit_signal
 
 T = TypeVar("T")
@@ -239,6 +239,22 @@ class ParallelConfig:
         require_positive(self, prefix, "bucket_mb", minimum=0.001)
 
 
+# The strategies train.compile applies to: a module whose forward is the whole model on this
+# rank (pipeline stages, sharded and hand-synchronised models are left eager).
+COMPILABLE = ("single", "ddp")
+
+
+def check_flags(train: TrainConfig, parallel: ParallelConfig) -> None:
+    """The trainer's flags a strategy cannot take, refused naming both keys: by the spec
+    (``cluster plan``, ``submit``) before the job waits in a queue, and by every rank."""
+    if train.compile and (parallel.strategy not in COMPILABLE or (parallel.tp or 1) > 1):
+        raise ConfigError(
+            "train.compile",
+            f"applies to parallel.strategy {' or '.join(COMPILABLE)} without parallel.tp, not "
+            f"parallel.strategy={parallel.strategy}" + (f" with parallel.tp={parallel.tp}" if parallel.tp else ""),
+        )
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -246,6 +262,9 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def validate(self, prefix: str) -> None:
+        check_flags(self.train, self.parallel)
 
 
 TRAIN_SECTIONS = tuple(f.name for f in dataclasses.fields(Config))

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from train.config import ConfigError, DataConfig, ModelConfig, check_batch_split
+from train.config import DataConfig, ModelConfig, check_batch_split
+from train.errors import ConfigError
 
 # On a GPU the data set is drawn in chunks of this many rows, so that one drawn for the host
 # (too large for the device) never needs the whole of it on the device, and the same seed

@@ -14,10 +14,10 @@ import torch.distributed as dist
 from torch import nn
 
 from train import checkpoint, faults
-from train.config import Config, ConfigError, to_dict
+from train.config import Config, check_flags, to_dict
 from train.data import Dataset, ShardedSampler, dataset_bytes, make_dataset
 from train.dist_env import DistEnv
-from train.errors import NonFiniteLoss
+from train.errors import ConfigError, NonFiniteLoss
 from train.hangs import StallWatchdog
 from train.loader import make_loader, placement
 from train.model import build_mlp, parameter_count
@@ -37,9 +37,6 @@ def autocast_for(cfg: Config, device: torch.device, trainable: Trainable):
 
 # train.precision -> the dtype of the parameters, gradients, optimizer state and data set.
 PARAM_DTYPE = {"bf16_params": torch.bfloat16}
-# The strategies train.compile applies to: a module whose forward is the whole model on this
-# rank (pipeline stages, sharded and hand-synchronised models are left eager).
-COMPILABLE = ("single", "ddp")
 
 
 def param_dtype(precision: str) -> torch.dtype:
@@ -61,11 +58,7 @@ def check_supported(cfg: Config, device: torch.device) -> None:
     """Combinations that cannot work here: exit 2 on every rank, before training."""
     if cfg.train.precision == "fp16" and device.type != "cuda":
         raise ConfigError("train.precision", "fp16 (with a GradScaler) needs CUDA; use bf16 on the CPU")
-    if cfg.train.compile and (cfg.parallel.strategy not in COMPILABLE or (cfg.parallel.tp or 1) > 1):
-        raise ConfigError(
-            "train.compile",
-            f"applies to parallel.strategy {' or '.join(COMPILABLE)} without tp, not {cfg.parallel.strategy}",
-        )
+    check_flags(cfg.train, cfg.parallel)
     if cfg.train.debug_collectives and cfg.parallel.strategy == "ddp" and device.type == "cpu":
         raise ConfigError(
             "train.debug_collectives",

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.config import Config, ConfigError
+from train.config import Config
 from train.dist_env import cpu_threads, from_environ, init_process_group
-from train.errors import RankFailed
+from train.errors import ConfigError, RankFailed
 from train.hangs import collective_checks, install_dumps, startup_limit
 from train.loop import run
 from train.output import redirect_to, timestamp_lines

@@ -14,7 +14,8 @@ from cluster.spec import JobSpec
 from cluster.submission import load_spec
 from tests.conftest import ROOT, run_module
 from tests.support.bad_specs import BAD
-from train.config import ConfigError, load
+from train.config import load
+from train.errors import ConfigError
 
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden"

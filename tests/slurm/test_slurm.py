@@ -130,7 +130,7 @@ def test_a_request_the_nodes_cannot_meet_is_refused_and_forced_it_is_said_pendin
     for overrides, said in [
         ((), "cpus_per_task × tasks_per_node = 32 > 4 CPUs on every node of partition debug; mem = 131072M > 8000M"),
         ((*FIT, "nodes=4"), "nodes + spare_nodes = 4 > 3 nodes in partition debug"),
-        ((*FIT, "cpus_per_task=2"), "cpus_per_task × tasks_per_node = 8 > 4 CPUs on every node of partition debug"),
+        ((*FIT, "cpus_per_task=32"), "cpus_per_task × tasks_per_node = 128 > 4 CPUs on every node of partition debug"),
     ]:
         refused = run_module("cluster", "submit", "jobs/multi_node.yaml", f"log_dir={tmp_path}", *overrides)
         assert refused.returncode == 2 and said in refused.stderr and "--force" in refused.stderr, refused.stderr

@@ -24,6 +24,7 @@ BAD = [
     (['sbatch_extra=["reservation"]'], "sbatch_extra[0]"),
     (["train.steps=abc"], "train.steps"),
     (["parallel.strategy=fsd"], "parallel.strategy"),
+    (["train.compile=true", "parallel.strategy=fsdp"], "train.compile"),  # refused at plan, not by each rank
     (["train.batch_size=60", "nodes=1", "gpus_per_node=8"], "train.batch_size"),
     (["restarts=-1"], "restarts"),
     (["spare_nodes=1"], "spare_nodes"),

@@ -1,6 +1,7 @@
 import pytest
 
-from train.config import Config, ConfigError, apply_overrides, build, describe, load
+from train.config import Config, apply_overrides, build, describe, load
+from train.errors import ConfigError
 
 
 def test_defaults_are_the_exercise():

@@ -174,3 +174,17 @@ def test_the_minicluster_starts_with_the_standard_library_alone():
     done = subprocess.run([sys.executable, "-S", "-c", "import cluster.system.minicluster"], cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_config_error_has_one_import_path():
+    """Issue 72: ``ConfigError`` comes from ``train.errors`` everywhere (``train.config`` holds it
+    only to raise it), so a reader finds one home for the kit's bad-input error."""
+    elsewhere = []
+    for path in [*(p for pkg in (*CHECKED, "tests") for p in (ROOT / pkg).rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module != "train.errors":
+                if any(alias.name == "ConfigError" for alias in node.names) and node.module.startswith(
+                    ("train", "cluster")
+                ):
+                    elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
+    assert elsewhere == []

@@ -11,7 +11,7 @@ from train.config import Config, load
 
 
 def test_fp16_is_refused_on_the_cpu_before_training():
-    from train.config import ConfigError
+    from train.errors import ConfigError
     from train.loop import check_supported
 
     with pytest.raises(ConfigError) as err:
@@ -52,8 +52,8 @@ def test_bf16_parameters_train_close_to_fp32(tmp_path):
     ],
 )
 def test_what_a_strategy_cannot_take_is_refused_naming_the_key(overrides, key, tmp_path):
-    from train.config import ConfigError
     from train.dist_env import DistEnv
+    from train.errors import ConfigError
     from train.loop import setup
 
     with pytest.raises(ConfigError) as err:

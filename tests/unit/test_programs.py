@@ -17,7 +17,8 @@ from cluster.submission import load_spec
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.programs import CNN
-from train.config import ConfigError, load
+from train.config import load
+from train.errors import ConfigError
 from train.shim import ProgramSignals
 
 

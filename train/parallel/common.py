@@ -15,8 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.config import Config, ConfigError
+from train.config import Config
 from train.dist_env import DistEnv
+from train.errors import ConfigError
 from train.parallel.mesh import ParallelDims
 
 

@@ -12,7 +12,7 @@ import contextlib
 import torch
 from torch import nn
 
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.model import linear_indices
 from train.parallel.common import Context, Trainable, forward_eval
 from train.parallel.tp import shard_tensor_parallel

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.config import ConfigError, ModelConfig, ParallelConfig
+from train.config import ModelConfig, ParallelConfig
+from train.errors import ConfigError
 
 SINGLE_PROCESS = ("single", "model_parallel")
 REPLICATED_ONLY = ("ddp_naive", "ddp_bucketed", "zero1", "param_avg")

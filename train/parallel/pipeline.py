@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from train.config import ConfigError
+from train.errors import ConfigError
 from train.model import layer_dims
 from train.parallel.common import Context, Trainable
 from train.parallel.stages import stage_bounds, stage_module
