@@ -227,10 +227,10 @@ class JobSpec:
     python: str = ""  # interpreter on the nodes; default: the submitting one (or "python" in a container)
     # The user's own program; none: the built-in trainer (the sections below).
     program: ProgramSpec | None = None
-    # Stall watchdog for any program: a rank with no optimizer step for this long writes every
-    # thread's stack to its log and exits 1 (0 = off). For the built-in trainer it sets
-    # train.stall_timeout_s; a user's program is watched from its first optimizer step on.
-    # With preflight, it is also how long rank 0 waits for every rank to join (default 120 s).
+    # Stall watchdog: a rank with no optimizer step this long (none: 180 s; 0: off) dumps its stacks, exits 1.
+    # Any program: for the built-in trainer it sets train.stall_timeout_s; a user's program is
+    # watched from its first optimizer step on. With preflight, it is also how long rank 0 waits
+    # for every rank to join (default 120 s).
     stall_timeout_s: float | None = None
     # Start-up limit: a rank with no first optimizer step this long after it started writes its
     # stacks and exits 1 (0 = off; not for programs with require_progress=false, which need not

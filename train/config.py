@@ -14,7 +14,6 @@ import difflib
 import inspect
 import json
 import math
-import re
 import shlex
 import textwrap
 import types
@@ -497,8 +496,8 @@ FAULTS = ("fail_at_step", "fail_rank", "hang_at_step", "hang_rank", "extra_colle
 
 
 def field_notes(cls: type, prefix: str = "") -> dict[str, str]:
-    """Each leaf key's note (as ``describe`` names the keys): the first sentence of the comment
-    on its line, else of the comment block right above it (``cluster-kit keys``)."""
+    """Each leaf key's note (as ``describe`` names the keys): the comment on its line, else the
+    comment block right above it (``cluster-kit keys``; ``first_sentence`` for one line)."""
     source = inspect.getsource(cls)
     lines = source.splitlines()
     notes: dict[str, str] = {}
@@ -528,6 +527,22 @@ def field_notes(cls: type, prefix: str = "") -> dict[str, str]:
         if section is not None:
             notes.update(field_notes(section, f"{prefix}{name}."))
         else:
-            sentence = re.split(r"(?<!e\.g)(?<!i\.e)(?<=[.;])\s", note.strip(), maxsplit=1)[0].rstrip(".;")
-            notes[f"{prefix}{name}"] = sentence if len(sentence) <= NOTE_CHARS else sentence[: NOTE_CHARS - 1] + "…"
+            notes[f"{prefix}{name}"] = note.strip()
     return notes
+
+
+def first_sentence(text: str, limit: int = NOTE_CHARS) -> str:
+    """A note's first sentence, for one line: up to the first '.' or ';' outside parentheses
+    (not e.g.'s or i.e.'s), cut at ``limit`` characters with an ellipsis."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if (
+            char in ".;"
+            and depth <= 0
+            and text[i + 1 : i + 2] in (" ", "")
+            and text[max(0, i - 3) : i] not in ("e.g", "i.e")
+        ):
+            text = text[:i]
+            break
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -142,7 +142,10 @@ def simulation(job_dir: JobDir | None, pairs: list[str], say) -> tuple[Scenario,
     if job_dir is not None:
         ledger = ledger_of(job_dir)
         if ledger is None:
-            raise ConfigError(str(job_dir), "has no records yet: nothing measured to simulate from")
+            raise ConfigError(
+                str(job_dir),
+                "has no rank records (no rank started, or they were removed): nothing measured to simulate from",
+            )
         base, found, own = scenario_of(job_dir, ledger, any(pair.startswith("failures_at=") for pair in pairs))
     scenario = parse_scenario(pairs, base)
     if not scenario.failures_at:

@@ -77,12 +77,12 @@ SOURCES = {
     "nodes": "the scale the kit is built for: 2,048 nodes x 8 GPUs (issue 64)",
     "gpus_per_node": "8 GPUs a node, an H100 or H200 server's",
     "work_h": "a day of training (24 h)",
-    "ckpt_every": "a save every 500 steps",
+    "ckpt_every": "a save every 500 steps (none measured: the built-in trainer's train.ckpt_every is its own)",
     "other_frac": "nothing besides steps and saves (evaluation, logging): 0 %",
 }  # fmt: skip
 # The spec's key for a term a job's spec sets (else only --simulate KEY=V changes it)
-SPEC_KEYS = {"nodes": "nodes", "gpus_per_node": "gpus_per_node", "spare_nodes": "spare_nodes",
-             "ckpt_every": "train.ckpt_every"}  # fmt: skip
+SPEC_KEYS = {"nodes": "nodes", "gpus_per_node": "gpus_per_node", "spare_nodes": "spare_nodes"}
+MEANING = {"other_frac": " (time beside steps and saves, per second of steps)"}
 KINDS = {"measured": "measured (the job's ledger)", "job": "the job's own (its spec)", "given": "given (--simulate)",
          "assumed": "assumed (--simulate KEY=V changes one)"}  # fmt: skip
 
@@ -217,6 +217,8 @@ def in_the_way(s: Scenario, policy: str, every: int) -> dict:
         )
         / m,
         "requeue (requeue_s)": requeued * s.requeue_s / m,
+        # what the training span holds beside its steps and saves (evaluation, logging), as a share of it
+        "other than steps and saves (other_frac)": s.other_frac / (1 + s.other_frac),
     }
     ranked = dict(sorted(((k, round(v, 4)) for k, v in terms.items()), key=lambda kv: -kv[1]))
     return {"policy": policy, "shares": ranked, "largest": next(iter(ranked))}
@@ -225,8 +227,9 @@ def in_the_way(s: Scenario, policy: str, every: int) -> dict:
 def format_simulation(s: Scenario, result: dict) -> list[str]:
     lines = [*format_terms(s, result), f"{'policy':<10}{'ckpt_every=' + str(s.ckpt_every):>20}{'its recommended':>26}"]
     for policy, row in result["policies"].items():
+        every = row["recommended_ckpt_every"]
         lines.append(f"{policy:<10}{row['ckpt_every'] * 100:>19.1f}%{row['recommended'] * 100:>14.1f}% "
-                     f"(every {row['recommended_ckpt_every']})")  # fmt: skip
+                     f"(every {every} steps, {span(every * s.step_s)})")  # fmt: skip
     best = result["best"]
     verdict = "meets" if best["recommended"] >= result["goal"] else "misses"
     lines.append(f"best: {best['policy']} at ckpt_every={best['recommended_ckpt_every']}: "
@@ -235,6 +238,13 @@ def format_simulation(s: Scenario, result: dict) -> list[str]:
         lines.append(f"in the way: {way['largest']} ({way['shares'][way['largest']] * 100:.1f}% of the time)")
     lines.append("where each term comes from, in full: --json's sources")
     return lines
+
+
+def span(seconds: float) -> str:
+    """A duration in its largest unit: 45 s, 12 min, 3.5 h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def format_terms(s: Scenario, result: dict) -> list[str]:
@@ -248,7 +258,7 @@ def format_terms(s: Scenario, result: dict) -> list[str]:
         if not keys:
             continue
         if kind != "assumed":
-            lines.append(f"{title}: " + ", ".join(f"{key} {values[key]:g}" for key in keys))
+            lines.append(f"{title}: " + ", ".join(f"{key} {values[key]:g}{MEANING.get(key, '')}" for key in keys))
             continue
         lines.append(f"{title}:")
         for key in keys:

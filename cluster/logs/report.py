@@ -19,7 +19,8 @@ class RankReport:
     node: int | None = None
     host: str = ""
     gpu: object = None
-    # pending, running, completed, failed, stalled, killed, silent, no_progress; retired: a rank the last
+    # pending, running, completed, failed, stalled, killed, silent, no_progress, cancelled (before
+    # it started); retired: a rank the last
     # attempt did not have (it went on with fewer nodes, spec min_nodes)
     state: str = "unknown"
     last_step: int | None = None

@@ -30,6 +30,7 @@ NO_PROGRESS = (
     "(set program.require_progress=false for a program that does not train)"
 )
 LastStack = Callable[[RankReport], "Stack | None"]  # a rank's last stack in its log
+CANCELLED_PENDING = "cancelled before it started (while pending)"
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
         rep.state = "killed"
         if not ev.logs and rep.last_time is None:  # cancelled while pending, or died starting up
             rep.error, rep.log = job.no_log()
+            if rep.error.startswith(CANCELLED_PENDING):  # someone's decision, not a failure of the rank
+                rep.state = "cancelled"
         else:
             attempt = len(ev.logs) - 1
             account = job.killed_by.of(ev.rank, ev.node_name, attempt)

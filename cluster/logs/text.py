@@ -3,6 +3,7 @@ hangs, stragglers and attempts."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import orjson
@@ -11,6 +12,9 @@ from cluster.logs import stacks
 from cluster.logs.report import Report, fmt_time
 from cluster.logs.stacks import compress
 from cluster.restarts.history import format_attempts
+
+# A frame of the kit's own modules: an import error there is the ranks' environment's, not the program's
+KIT_IMPORT = re.compile(r'File "(?:[^"]*/)?train/[\w/]+\.py"')
 
 
 def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str:
@@ -48,6 +52,9 @@ def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str
             f"ranks {compress([r.rank for r in preempted])} stopped at the time-limit signal after a checkpoint at "
             f"step {max(r.last_step or 0 for r in preempted)}: its requeue, or the next job of the run (cluster-kit resume, --until-done), goes on from it"
         )
+    cancelled = [r for r in report.ranks if r.state == "cancelled"]
+    if cancelled:
+        lines.append(f"ranks {compress([r.rank for r in cancelled])}: {cancelled[0].error}")
     retired = [r.rank for r in report.ranks if r.state == "retired"]
     if retired:
         lines.append(f"ranks {retired[0]}-{retired[-1]} retired: the last attempt went on with fewer nodes (min_nodes)")
@@ -63,20 +70,35 @@ def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str
     if f:
         lines.append("")
         lines.append(
-            f"FIRST FAILURE: rank {f['rank']} on node {f['node']} ({f['host'] or '?'}), GPU {f['gpu']}, "
-            f"at {fmt_time(f['time'])}, "
-            + (f"in step {f['step']}" if f.get("step") is not None else f"after step {f['last_step'] or '-'}")
+            f"FIRST FAILURE: rank {f['rank']} on node {f['node']} ({f['host'] or '?'})"
+            + ("" if f["gpu"] is None else f", GPU {f['gpu']}")
+            + (f", at {fmt_time(f['time'])}" if f["time"] else "")
+            + (f", in step {f['step']}" if f.get("step") is not None else "")
+            + (f", after step {f['last_step']}" if f.get("step") is None and f["last_step"] else "")
         )
         lines.append(f"  {f['error']}")
         for frame in stacks.as_written(f["frames"], report.code_tree, verbose)[-6:]:
             lines.append("  " + frame.replace("\n", "\n  "))
+        if f["error"].startswith(("ModuleNotFoundError", "ImportError")) and any(
+            KIT_IMPORT.search(x) for x in f["frames"]
+        ):
+            lines.append(
+                "  the ranks' python lacks the kit's packages: install the kit there (docs/your-own-environment.md)"
+            )
         lines.append(f"  log: {f['log']}")
         if f.get("evidence"):
             lines.append(f"  decided by: {f['evidence']}")
-        if report.cascade:
-            lines.append(f"cascade ({sum(len(v) for v in report.cascade.values())} ranks, consequences of the above):")
-            for label, ranks in report.cascade.items():
-                lines.append(f"  {len(ranks):>4} x {label}: ranks {compress(ranks)}")
+        same, cascade = split_cascade(report)
+        for ranks in same.values():
+            lines.append(f"the same error on {plural(len(ranks), 'other rank')} ({compress(ranks)}), each its own")
+        if cascade:
+            lines.append(
+                f"cascade ({plural(sum(len(v) for v in cascade.values()), 'rank')}, consequences of the above):"
+            )
+            for label, ranks in cascade.items():
+                lines.append(
+                    f"  {len(ranks):>4} x {label}: {plural(len(ranks), 'rank', numbers=False)} {compress(ranks)}"
+                )
     if report.hang:
         culprits = report.hang["culprits"]
         lines.append("")
@@ -104,6 +126,20 @@ def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str
     return stacks.relative("\n".join(lines), report.code_tree)
 
 
+def plural(n: int, word: str, numbers: bool = True) -> str:
+    """``1 rank``, ``3 ranks`` (``numbers``: with the count)."""
+    said = word if n == 1 else word + "s"
+    return f"{n} {said}" if numbers else said
+
+
+def split_cascade(report: Report) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """The other failed ranks: those with the first failure's own error (an import error on
+    every rank: each its own, not a consequence), and the cascade."""
+    error = (report.first_failure or {}).get("error") or ""
+    same = {k: v for k, v in report.cascade.items() if k and error.startswith(k.rstrip("…. "))}
+    return same, {k: v for k, v in report.cascade.items() if k not in same}
+
+
 def root_cause(report: Report, followed: int = 0) -> str:
     """One line for the top of ``--wait``'s end: the first failure, and where the rank that was
     followed (``followed``) failed after it, that its error printed above is a consequence."""
@@ -111,7 +147,7 @@ def root_cause(report: Report, followed: int = 0) -> str:
     if not f:
         return ""
     line = f"ROOT CAUSE: rank {f['rank']}: {stacks.relative(f['error'], report.code_tree)}"
-    if f["rank"] != followed and any(followed in ranks for ranks in report.cascade.values()):
+    if f["rank"] != followed and any(followed in ranks for ranks in split_cascade(report)[1].values()):
         line += f" (rank {followed}'s error above is a consequence of it)"
     return line
 

@@ -21,7 +21,7 @@ from cluster.logs.kills import SchedulerKills, scheduler_kill
 from cluster.logs.parallel import collector_paused, forked_map
 from cluster.logs.reader import read_rank
 from cluster.logs.report import RankReport, Report
-from cluster.logs.rules import Judging, find_hang, find_stragglers, rank_state, triage
+from cluster.logs.rules import CANCELLED_PENDING, Judging, find_hang, find_stragglers, rank_state, triage
 from cluster.logs.scan import last_own_line, scan_log
 from cluster.logs.stacks import Stack
 from cluster.restarts.history import summary
@@ -141,5 +141,5 @@ def scheduler_says(job_dir: JobDir, ended_as: Callable[[], str | None]) -> tuple
         if scan["error"] or scan["signal"]:
             return f"no rank log; {path.name} says: {scan['error'] or scan['signal']}", str(path)
     if ended_as() == "CANCELLED":
-        return "cancelled before it started (while pending): no rank ran", ""
+        return f"{CANCELLED_PENDING}: no rank ran", ""
     return "never started: no log and no records", ""

@@ -31,7 +31,7 @@ from train.errors import ConfigError
 from train.protocol import metrics_name, parse_records, progress_name, read_progress
 
 INDEX = ".kit-runs.json"  # under the log root: the lines of ended jobs, by directory
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: failures name paths as the user wrote them
 HEAD_BYTES = 4096  # of rank 0's records: its first, the job's start
 
 
@@ -191,12 +191,14 @@ def train_steps(job: JobDir) -> int | None:
 
 def culprit(job: JobDir) -> str | None:
     """A failed job's first failure: its rank, its state and the last line of its error."""
+    from cluster.logs import stacks  # as the triage: a failed job's alone
     from cluster.logs.triage import inspect  # the triage: a failed job's alone
 
-    first = inspect(job, running=False).first_failure
+    report = inspect(job, running=False)
+    first = report.first_failure
     if not first:
         return None
-    error = (first["error"] or "").strip().splitlines()
+    error = stacks.relative(first["error"] or "", report.code_tree).strip().splitlines()
     return f"rank {first['rank']} {first['state']}" + (f": {error[-1]}" if error else "")
 
 

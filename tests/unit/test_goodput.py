@@ -253,8 +253,8 @@ def test_each_term_is_marked_measured_the_jobs_own_given_or_assumed_with_its_sou
     scenario, result = simulation(job, ["trials=5"], lambda text: None)
     assert result["kinds"]["ckpt_s"] == "assumed" and result["kinds"]["ckpt_every"] == "assumed"
     text = "\n".join(format_simulation(scenario, result))
-    assert "measured (the job's ledger): step_s 0.5" in text and "save" not in text.split("assumed")[0]
-    assert "  ckpt_every 500 [spec: train.ckpt_every]: a save every 500 steps" in text
+    assert "measured (the job's ledger): step_s 0.5" in text and "ckpt_s" not in text.split("assumed")[0]
+    assert "  ckpt_every 500: a save every 500 steps (none measured" in text
     assert "  ckpt_s 30: a synchronous save's pause" in text and "  work_h 24: a day of training" in text
 
 
