@@ -138,9 +138,9 @@ def make_plan(spec: JobSpec) -> Plan:
     else:  # the user's program lays out its own parallelism
         dims = ParallelDims(dp_replicate=world)
     ranks = []
-    backend = backends.get(spec.cluster)
+    backend = backends.facts(spec.cluster)  # data: planning imports no backend's module
     for node in range(spec.nodes):
-        host = backend.host(node)
+        host = backend.host.format(node=node)
         # Nodes emulated on this machine share its GPUs: node n has GPUs n*G .. n*G+G-1.
         first = node * spec.gpus_per_node if backend.traits.on_this_machine else 0
         for local in range(tasks):
@@ -154,7 +154,7 @@ def make_plan(spec: JobSpec) -> Plan:
                 device = f"cuda:{local}" if gpus else "cpu"
             coords = dims.coords(rank) if world > 1 and spec.program is None else None
             ranks.append(RankSlot(rank, node, host, local, gpus, visible, device, coords))
-    local = {"master_addr": backend.master_addr()} if backend.master_addr() else {}
+    local = {"master_addr": backend.master_addr} if backend.master_addr else {}
     program = f"{spec.program.kind} {spec.program.target}, launcher {spec.program.launcher}" if spec.program else ""
     return Plan(
         world, spec.nodes, tasks, per_task, dims, tuple(ranks), program=program, backend=backend.traits, **local

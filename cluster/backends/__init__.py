@@ -15,7 +15,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.backends.base import Backend, NeverStarts, Say, State
+from cluster.backends.base import Backend, Facts, NeverStarts, Say, State
+from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
 from train.errors import ConfigError
 
@@ -33,12 +34,19 @@ BACKENDS: dict[str, str] = {
 FUNCTIONS = {"slurm": "submitit"}
 
 
+def facts(name: str) -> Facts:
+    """The registry's facts of a spec's ``cluster`` (its module not imported); bad input (exit 2)
+    for a name no backend has."""
+    if name not in FACTS:
+        raise ConfigError("cluster", f"{name!r} is no backend: one of {', '.join(sorted(BACKENDS))}")
+    return FACTS[name]
+
+
 @functools.cache
 def get(name: str) -> Backend:
     """The backend of a spec's ``cluster`` (one instance per name); bad input (exit 2) for a
     name none has."""
-    if name not in BACKENDS:
-        raise ConfigError("cluster", f"{name!r} is no backend: one of {', '.join(sorted(BACKENDS))}")
+    facts(name)  # a name no backend has: bad input
     module, _, cls = BACKENDS[name].partition(":")
     return getattr(importlib.import_module(module), cls)()
 

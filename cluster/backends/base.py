@@ -103,9 +103,19 @@ class Traits:
     signal_early_s: int = 0
 
 
+@dataclass(frozen=True)
+class Facts:
+    """What the spec and the plan know of a backend before they ask it anything: data in the
+    registry (``cluster.backends.FACTS``), so that planning a job imports no backend's module."""
+
+    traits: Traits = Traits()
+    host: str = "<node{node}>"  # node n's host name as the plan shows it ("<node3>": known at run time)
+    master_addr: str | None = None  # the rendezvous as the plan shows it; None: the first node, at run time
+
+
 class Backend(ABC):
-    """One place jobs run: a subclass sets ``name`` and its ``traits`` and implements every
-    abstract method. Arrays are a capability of their own (``Arrays``)."""
+    """One place jobs run: a subclass sets ``name`` and its ``traits`` (its registry facts')
+    and implements every abstract method. Arrays are a capability of their own (``Arrays``)."""
 
     name: ClassVar[str]
     traits: ClassVar[Traits] = Traits()
@@ -129,14 +139,6 @@ class Backend(ABC):
         wait for ever), in words naming the spec's key and the limit; empty where it can run or
         no limit is known here."""
         return []
-
-    def host(self, node: int) -> str:
-        """Node ``node``'s host name as the plan shows it ("<node3>": known at run time)."""
-        return f"<node{node}>"
-
-    def master_addr(self) -> str | None:
-        """The rendezvous as the plan shows it; None: the allocation's first node, at run time."""
-        return None
 
     @abstractmethod
     def dry_run(self, job: Submission) -> str:

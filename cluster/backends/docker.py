@@ -8,7 +8,8 @@ import os
 import signal
 import sys
 
-from cluster.backends.base import Backend, Say, State, Submission, Traits
+from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
 from cluster.launcher import containers, controller, outcome
 from cluster.system.poll import WaitTimeout, wait_until
@@ -17,7 +18,7 @@ from train.errors import ConfigError
 
 class DockerBackend(Backend):
     name = "docker"
-    traits = Traits(in_image=True)
+    traits = FACTS["docker"].traits
 
     def check(self, spec) -> None:
         super().check(spec)
@@ -40,12 +41,6 @@ class DockerBackend(Backend):
         except Exception:  # noqa: BLE001 - no engine here: the record says so, the submission will too
             digest = None
         return {"name": spec.container.image, "runtime": "docker", "digest": digest}
-
-    def host(self, node: int) -> str:
-        return f"node{node}"  # the node's container, named so on the job's network
-
-    def master_addr(self) -> str:
-        return "node0 (the first node's container)"
 
     def dry_run(self, job: Submission) -> str:
         lines = [

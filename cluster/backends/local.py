@@ -10,7 +10,8 @@ import os
 import signal
 import sys
 
-from cluster.backends.base import Backend, Say, State, Submission, Traits
+from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
 from cluster.launcher import controller, outcome
 from cluster.system import processes
@@ -40,13 +41,7 @@ def processes_of(job: JobDir) -> set[int]:
 
 class LocalBackend(Backend):
     name = "local"
-    traits = Traits(on_this_machine=True)
-
-    def host(self, node: int) -> str:
-        return "localhost"
-
-    def master_addr(self) -> str:
-        return f"{MASTER} (this machine)"
+    traits = FACTS["local"].traits
 
     def dry_run(self, job: Submission) -> str:
         lines = [

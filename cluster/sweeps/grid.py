@@ -136,7 +136,7 @@ def submissions(
 def parallel_limit(spec, points: int, max_parallel: int | None) -> int:
     """At most this many points unfinished at once: one machine for local and docker points
     (one at a time unless asked), a scheduler queues them (all)."""
-    return max_parallel or (points if backends.get(spec.cluster).traits.scheduler else 1)
+    return max_parallel or (points if backends.facts(spec.cluster).traits.scheduler else 1)
 
 
 def next_path(spec) -> Path:

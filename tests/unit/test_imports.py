@@ -188,3 +188,15 @@ def test_config_error_has_one_import_path():
                 ):
                     elsewhere.append(f"{path.relative_to(ROOT)}:{node.lineno} from {node.module}")
     assert elsewhere == []
+
+
+def test_planning_a_slurm_spec_imports_no_backend_module():
+    """Issue 72: the plan is pure: a backend's static facts (traits, how a node and the
+    rendezvous are named) are data in the registry (``cluster.backends.FACTS``), so planning
+    asks no backend's module. In a fresh interpreter: nothing imported before counts."""
+    code = ("import sys; from cluster.plan import make_plan; from cluster.spec import JobSpec; "
+            "from train.config import load; plan = make_plan(load(JobSpec, 'jobs/multi_node.yaml', []));"
+            "print(plan.ranks[-1].host, sorted(m for m in sys.modules if m.startswith('cluster.backends.')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    host, imported = done.stdout.split(" ", 1)
+    assert host == "<node1>" and eval(imported) == ["cluster.backends.base", "cluster.backends.facts"]

@@ -13,9 +13,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-from cluster.backends.base import Arrays, Backend, Say, State, Submission, Traits
+from cluster.backends.base import Arrays, Backend, Say, State, Submission
+from cluster.backends.facts import FACTS
 from cluster.backends.slurm import limits
-from cluster.jobdir import ARRAY_TASK_SCRIPT, PLAN, JobDir
+from cluster.jobdir import ARRAY_TASK_SCRIPT, JobDir
 from cluster.logs.stacks import compress
 from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
@@ -129,7 +130,7 @@ class SlurmBackend(SlurmJobs, Arrays):
     # sbatch --signal: "Due to the resolution of event handling by Slurm, the signal may be sent
     # up to 60 seconds earlier than specified." The kit's batch script writes the rank plan at
     # its start (cluster.render): its write dates each launch.
-    traits = Traits(restarts=True, requeues=True, scheduler=True, launch_marker=PLAN, signal_early_s=60)
+    traits = FACTS["slurm"].traits
     array_task_id = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"  # what squeue, scontrol and scancel take
 
     def array_script(self, jobs: list[Submission], indices: list[int], max_parallel: int, root: Path) -> str | None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cluster.backends.base import Submission, Traits
+from cluster.backends.base import Submission
+from cluster.backends.facts import FACTS
 from cluster.backends.slurm.backend import SlurmJobs, require_sbatch
 from cluster.jobdir import FUNCTION_DIR, FUNCTION_PICKLE, SCRIPT, JobDir
 from cluster.system.shell import shell_word
@@ -93,7 +94,7 @@ class SubmititBackend(SlurmJobs):
     files, and has no arrays (a function's sweep submits its points one by one)."""
 
     name = "submitit"
-    traits = Traits(requeues=True, scheduler=True, shim_opens_rank_logs=True, signal_early_s=60)
+    traits = FACTS["submitit"].traits
 
     def check(self, spec) -> None:
         super().check(spec)
