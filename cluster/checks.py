@@ -49,20 +49,26 @@ def check_can_run(spec: JobSpec, plan: Plan, python: str) -> None:
     beyond = backend.beyond_limits(spec, plan)
     if beyond:
         raise ConfigError("request", f"{'; '.join(beyond)}: it could never start ({FORCE})")
-    runs_here = spec.container.runtime == "none" and not plan.backend.in_image
-    if runs_here and (plan.backend.on_this_machine or shutil.which(python)):  # SLURM's: where it is here too
-        error = kit_import_error(python)
+    # Checked where it runs as it would on the nodes: here, or at an absolute path seen here too
+    # (a shared filesystem); not after setup lines (module load, conda activate): they make it.
+    runs_here = spec.container.runtime == "none" and not plan.backend.in_image and not spec.setup
+    if runs_here and (plan.backend.on_this_machine or (os.path.isabs(python) and os.access(python, os.X_OK))):
+        error = kit_import_error(python, spec.env.get("PYTHONPATH", ""))
         if error:
             raise ConfigError("python", f"{python} cannot import the kit ({error}): the ranks run the kit's rank shim "
                               f"in it; install the kit there (`{python} -m pip install {KIT_ROOT}`, see "
                               f"{ENVIRONMENT_DOC}) or name another python= ({FORCE})")  # fmt: skip
 
 
-def kit_import_error(python: str) -> str:
+def kit_import_error(python: str, pythonpath: str = "") -> str:
     """The last line of the error ``python`` gives importing the kit's rank shim, as a rank
-    would (``python -P -m train.shim``); empty where it imports."""
+    would (``python -P -m train.shim``; ``pythonpath``: the spec's, after the kit's tree);
+    empty where it imports."""
+    env = kit_env()
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), pythonpath) if p)
     try:
-        done = subprocess.run([python, "-P", "-c", "import train.shim"], env=kit_env(), capture_output=True,
+        done = subprocess.run([python, "-P", "-c", "import train.shim"], env=env, capture_output=True,
                               text=True, timeout=120)  # fmt: skip
     except OSError as exc:
         return f"it cannot be run: {exc.strerror}"

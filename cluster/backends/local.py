@@ -13,7 +13,7 @@ import sys
 from cluster.backends.base import Backend, Say, State, Submission
 from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
-from cluster.launcher import controller, outcome
+from cluster.launcher import containers, controller, outcome
 from cluster.system import processes
 from cluster.system.processes import native_stack
 
@@ -42,6 +42,15 @@ def processes_of(job: JobDir) -> set[int]:
 class LocalBackend(Backend):
     name = "local"
     traits = FACTS["local"].traits
+
+    def beyond_limits(self, spec, plan) -> list[str]:
+        # The emulated nodes share this machine's GPUs: node n takes GPUs n*G .. n*G+G-1.
+        wanted = spec.nodes * spec.gpus_per_node
+        here = containers.host_gpus() if wanted else 0
+        if wanted > here:
+            return [f"nodes × gpus_per_node = {wanted} > {here} GPUs on this machine (nvidia-smi -L); "
+                    "gpus_per_node=0 trains on the CPU with gloo"]  # fmt: skip
+        return []
 
     def dry_run(self, job: Submission) -> str:
         lines = [

@@ -75,9 +75,14 @@ def wait_for(job: api.Job, args) -> int:
                 print(cause)
             print(format_report(report))
     except api.NeverStarts as exc:
-        job.cancel(say=say)
-        print(f"error: {exc}; cancelled it, since it would wait for ever (--keep-pending keeps it waiting)",
-              file=sys.stderr)  # fmt: skip
+        try:  # the jobs that wait for it (--after) would wait for ever too
+            cancelled = job.cancel(say=say, with_dependents=True)
+        except Exception as failed:  # noqa: BLE001 - scancel refused: the job stays, and that is said
+            print(f"error: {exc}; cancelling it failed ({failed}): cluster-kit cancel {job.job_dir}", file=sys.stderr)
+            return 1
+        also = f" and the {len(cancelled)} job(s) waiting for it" if cancelled else ""
+        print(f"error: job {job.job_id} will never start as submitted (the reason above): cancelled it{also} "
+              "(--keep-pending keeps it waiting)", file=sys.stderr)  # fmt: skip
         return 1
     write_views(job, as_json)
     return api.exit_code(report)

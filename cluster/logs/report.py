@@ -55,13 +55,14 @@ class Report:
     stragglers: list[int]
     running: bool
     hang: dict | None = None
-    pending: str | None = None  # why the scheduler has not started the job yet (None: it has, or it ended)
-    code_tree: str = ""  # the code snapshot the ranks ran: its path in frames is the project's (stacks.as_written)
     flight_recorder: dict | None = None
     attempts: list[dict] = field(default_factory=list)  # spec.restarts: cluster.restarts.history.summary
     restarts: int = 0
     # rank -> its (step, ms/step, record time) from its step records: inspect(step_times=True), for --plot
     step_times: dict[int, list[tuple[int, float, float]]] = field(default_factory=dict)
+    pending: str | None = None  # why the scheduler has not started the job yet (None: it has, or it ended)
+    code_tree: str = ""  # the code snapshot the ranks ran: its path in frames is the project's (stacks.as_written)
+    kit_code: bool = False  # the snapshot holds the kit itself: its train/ is the kit's (stacks.kit_roots)
 
     @property
     def completed(self) -> int:

@@ -62,19 +62,36 @@ ROOT = str(Path(__file__).resolve().parents[2]) + "/"  # the kit's checkout: fra
 # Where a rank is between its program's end and its exit: the kit's entry points.
 TEARDOWN_FILES = re.compile(r"train/(__main__|runner|shim)\.py$")
 # The kit's own frames around a program (its entry points, python -m's runpy): a traceback's
-# frames shown to a person leave them out unless asked (cluster-kit logs --verbose).
-KIT_FRAME = re.compile(
-    r'(?:File ")?(?:[^"\s]*/)?(?:train/(?:__main__|runner|shim|functions|agent)\.py|<frozen runpy>|\S*/runpy\.py)(?:"|:\d)'
-)
+# frames shown to a person leave them out unless asked (cluster-kit logs --verbose). Only under
+# the kit's roots (stacks.kit_roots): a user's own train/ package is theirs.
+KIT_ENTRY = re.compile(r"train/(?:__main__|runner|shim|functions|agent)\.py")
+FRAME_PATH = re.compile(r'(?:File ")?([^"]+?)(?:"|:\d)')  # a traceback's File "p", or a stack label's p:N
 # The outermost frame of a main thread: `python -m ...`, or a script or `python -c`.
 ENTRY_FUNCS = ("_run_module_as_main", "<module>")
 
 
-def as_written(frames: list[str], tree: str = "", verbose: bool = False) -> list[str]:
+def kit_roots(tree: str = "", kit_code: bool = False) -> tuple[str, ...]:
+    """Where the kit's own modules are: its checkout (or installation), and the code snapshot
+    where the snapshot holds the kit."""
+    return (ROOT, tree.rstrip("/") + "/") if kit_code and tree else (ROOT,)
+
+
+def kit_path(frame: str, roots: tuple[str, ...], pattern: re.Pattern = KIT_ENTRY) -> bool:
+    """Whether a frame is in the kit's own code: ``pattern`` (its entry points by default)
+    under one of its ``roots``; python -m's runpy counts as the kit's."""
+    match = FRAME_PATH.match(frame)
+    path = match.group(1) if match else ""
+    if path == "<frozen runpy>" or path.endswith("/runpy.py"):
+        return True
+    return any(path.startswith(root) and pattern.fullmatch(path[len(root) :]) for root in roots)
+
+
+def as_written(frames: list[str], tree: str = "", verbose: bool = False, kit_code: bool = False) -> list[str]:
     """A traceback's frames (``File "...", line N, in f``, or a stack's ``path:N in f``) as a
     person reads them: paths as the user wrote them (``relative``); the kit's own frames left
     out unless ``verbose``, and said so."""
-    shown = [relative(f, tree) for f in frames if verbose or not KIT_FRAME.match(f)]
+    roots = kit_roots(tree, kit_code)
+    shown = [relative(f, tree) for f in frames if verbose or not kit_path(f, roots)]
     hidden = len(frames) - len(shown)
     return shown + ([f"({hidden} frame(s) of the kit left out: --verbose shows them)"] if hidden else [])
 

@@ -13,8 +13,8 @@ from cluster.logs.report import Report, fmt_time
 from cluster.logs.stacks import compress
 from cluster.restarts.history import format_attempts
 
-# A frame of the kit's own modules: an import error there is the ranks' environment's, not the program's
-KIT_IMPORT = re.compile(r'File "(?:[^"]*/)?train/[\w/]+\.py"')
+# The kit's own modules: an import error in one is the ranks' environment's, not the program's
+KIT_MODULE = re.compile(r"(?:train|cluster)/[\w/]+\.py")
 
 
 def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str:
@@ -77,10 +77,11 @@ def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str
             + (f", after step {f['last_step']}" if f.get("step") is None and f["last_step"] else "")
         )
         lines.append(f"  {f['error']}")
-        for frame in stacks.as_written(f["frames"], report.code_tree, verbose)[-6:]:
+        for frame in stacks.as_written(f["frames"], report.code_tree, verbose, report.kit_code)[-6:]:
             lines.append("  " + frame.replace("\n", "\n  "))
+        roots = stacks.kit_roots(report.code_tree, report.kit_code)
         if f["error"].startswith(("ModuleNotFoundError", "ImportError")) and any(
-            KIT_IMPORT.search(x) for x in f["frames"]
+            stacks.kit_path(x, roots, KIT_MODULE) for x in f["frames"]
         ):
             lines.append(
                 "  the ranks' python lacks the kit's packages: install the kit there (docs/your-own-environment.md)"

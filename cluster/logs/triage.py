@@ -92,10 +92,11 @@ def inspect(
     # Retired ranks' step times are of a larger world's: no peers to compare them with.
     stragglers = find_stragglers([r for r in reports if r.state != "retired"], straggler_margin)
     recorder = stacks.flight_recorder(job_dir.flight_recorder_files(names))
-    report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang, pending, recorder,
-                    attempts)  # fmt: skip
+    report = Report(str(job_dir), world, reports, first, cascade, stragglers, bool(running), hang=hang,
+                    flight_recorder=recorder, attempts=attempts, pending=pending)  # fmt: skip
     report.restarts, report.step_times = (plan or {}).get("restarts", 0), times
-    report.code_tree = ((job_dir.provenance() or {}).get("code") or {}).get("tree", "")
+    code = (job_dir.provenance() or {}).get("code") or {}
+    report.code_tree, report.kit_code = code.get("tree", ""), bool(code.get("kit"))
     return report
 
 
@@ -140,6 +141,7 @@ def scheduler_says(job_dir: JobDir, ended_as: Callable[[], str | None]) -> tuple
         scan = scan_log(path)
         if scan["error"] or scan["signal"]:
             return f"no rank log; {path.name} says: {scan['error'] or scan['signal']}", str(path)
-    if ended_as() == "CANCELLED":
+    ran = any(name.startswith(("rank_", "node_")) for name in job_dir.names())  # a rank or an agent started
+    if not ran and ended_as() == "CANCELLED":
         return f"{CANCELLED_PENDING}: no rank ran", ""
     return "never started: no log and no records", ""

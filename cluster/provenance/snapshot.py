@@ -45,8 +45,9 @@ ALWAYS_EXCLUDED = (
 )  # byte code is made from the sources; .git is history; another log root's store
 # Outside git, what no project wants copied: environments, caches, what training writes
 # (checkpoints, logs, trackers' folders, weights). A .kitignore's "!pattern" keeps one of them.
-NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache", "checkpoints",
-                   "runs", "wandb", "lightning_logs", "*.pt", "*.pth", "*.ckpt", "*.safetensors")  # fmt: skip
+# Training's folders only at the project's root (a package's own runs/ module stays).
+NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache", "/checkpoints",
+                   "/runs", "/wandb", "/lightning_logs", "*.pt", "*.pth", "*.ckpt", "*.safetensors")  # fmt: skip
 KITIGNORE = ".kitignore"  # in the project's root: what its snapshot leaves out, one pattern a line
 NOTICE_MB = 20.0  # a snapshot larger than this says what it took and how to leave things out
 LARGEST_SHOWN = 5
@@ -131,10 +132,10 @@ def project_of(location: Path) -> tuple[Path, bool]:
 
 def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
     """A pattern matches the path, or any of its parts (``data`` excludes data/x/y); one that
-    starts with ``/`` only from the project's root (``/data``: not src/data)."""
+    starts or ends with ``/`` only from the project's root (``/data``, ``data/``: not src/data)."""
     parts = rel.split("/")
     for p in patterns:
-        anchored, p = p.startswith("/"), p.strip("/")
+        anchored, p = p.startswith("/") or p.endswith("/"), p.strip("/")
         if fnmatch.fnmatch(rel, p) or rel.startswith(p + "/"):
             return True
         if not anchored and any(fnmatch.fnmatch(part, p) for part in parts):
@@ -153,8 +154,8 @@ def ignore_rules(root: Path, in_git: bool) -> tuple[str, ...]:
         lines = []
     rules = [ln for ln in lines if ln and not ln.startswith("#")]
     kept = {ln[1:].strip("/") for ln in rules if ln.startswith("!")}
-    defaults = () if in_git else tuple(p for p in NO_GIT_EXCLUDED if p not in kept)
-    return defaults + tuple(ln for ln in rules if not ln.startswith("!"))
+    defaults = () if in_git else tuple(p for p in NO_GIT_EXCLUDED if p.strip("/") not in kept)
+    return defaults + tuple(ln for ln in rules if not ln.startswith("!") and ln.strip("/") not in kept)
 
 
 def git_files(root: Path, prefix: str = "") -> list[str]:
@@ -428,10 +429,10 @@ def left_out(rel: str, root: Path, in_git: bool, exclude: tuple[str, ...], log_r
     rules = ignore_rules(root, in_git)
     if excluded(rel, rules):
         found = next(p for p in rules if excluded(rel, (p,)))
-        where = (
-            f"{KITIGNORE}'s pattern" if not (not in_git and found in NO_GIT_EXCLUDED) else "outside git, the default"
-        )
-        return f"{where} {found!r} leaves it out (environments, caches, checkpoints, runs): add !{found} to {KITIGNORE}, or move it"
+        if not in_git and found in NO_GIT_EXCLUDED:
+            return (f"outside git, the default {found!r} leaves it out (environments, caches, what training writes): "
+                    f"add !{found.strip('/')} to {root / KITIGNORE}, or move it")  # fmt: skip
+        return f"{KITIGNORE}'s pattern {found!r} leaves it out: remove that line from {root / KITIGNORE}, or move it"
     return "it is not a regular file the snapshot could copy"
 
 

@@ -143,7 +143,8 @@ def failure_view(report: Report, page_dir: Path) -> dict | None:
         return {
             "kind": "hang", "rank": culprit,
             "error": stacks.relative((f or {}).get("error") or f"rank {culprit} stalled", report.code_tree),
-            "frames": stacks.as_written([frame.label() for frame in stack.frames] if stack else [], report.code_tree),
+            "frames": stacks.as_written([frame.label() for frame in stack.frames] if stack else [], report.code_tree,
+                                       kit_code=report.kit_code),
             "where": stacks.relative(stacks.describe_groups(report.hang["groups"]), report.code_tree),
             "tail": log_tail(rank.log),
             "log": os.path.relpath(rank.log, page_dir) if rank.log else None, "host": rank.host, "step": rank.last_step,
@@ -153,7 +154,7 @@ def failure_view(report: Report, page_dir: Path) -> dict | None:
         return None
     return {
         "kind": "failure", "rank": f["rank"], "error": stacks.relative(f["error"], report.code_tree), "where": "",
-        "frames": stacks.as_written(f["frames"], report.code_tree),
+        "frames": stacks.as_written(f["frames"], report.code_tree, kit_code=report.kit_code),
         "tail": log_tail(f["log"]), "log": os.path.relpath(f["log"], page_dir) if f["log"] else None,
         "host": f["host"], "step": f["last_step"], "time": fmt_time(f["time"]),
         "cascade": [(label, compress(ranks)) for label, ranks in report.cascade.items()],

@@ -164,7 +164,7 @@ def test_a_request_the_nodes_cannot_meet_is_refused_and_forced_it_is_said_pendin
     assert report["ranks"][0]["error"] == "cancelled before it started (while pending): no rank ran"
 
     waited, info = submit("jobs/multi_node.yaml", tmp_path, "time=00:05:00", "--force", timeout=120)
-    assert waited.returncode == 1 and "cancelled it, since it would wait for ever" in waited.stderr, waited.stderr
+    assert waited.returncode == 1 and "will never start as submitted (the reason above): cancelled it" in waited.stderr
     assert slurm_job(info["job_id"]).get("JobState") in (None, "CANCELLED")
 
 

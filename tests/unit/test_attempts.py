@@ -129,6 +129,13 @@ def test_the_attempt_record_counts_recomputed_steps_and_recovery_time(tmp_path):
     assert "ATTEMPTS: 2 (1 of 3 restart(s) used)" in text
     assert "excluded n2: the culprit's node" in text and "20 step(s) recomputed since checkpoint 100" in text
     assert "10.5 s from the failure to the next first step" in text
+    # the triage carries them to its report, its text and its exit status (a review found them dropped)
+    from cluster.logs.text import format_report
+    from cluster.logs.triage import inspect
+
+    report = inspect(tmp_path, running=False)
+    assert [a["attempt"] for a in report.attempts] == [0, 1] and report.flight_recorder is None
+    assert "ATTEMPTS: 2" in format_report(report)
 
 
 def test_ranks_that_never_joined_the_preflight_name_their_nodes(tmp_path):

@@ -4,7 +4,7 @@ the minicluster's own lines (3 nodes x 4 CPUs, 8000 MB, 4 GPUs) and a mixed part
 
 import pytest
 
-from cluster.backends.slurm.limits import Ask, Node, Partition, beyond, gpus, mem_mb, minutes, parse
+from cluster.backends.slurm.limits import Ask, Node, Partition, beyond, gpus, mem_mb, minutes, parse, partition_of
 
 PARTITION = ("PartitionName=debug AllowGroups=ALL Default=YES MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=n[1-3] "
              "State=UP TotalCPUs=12 TotalNodes=3")  # fmt: skip
@@ -31,6 +31,21 @@ def test_mem_in_slurms_units(text, expected):
 
 def test_gres_gpus():
     assert (gpus("gpu:4"), gpus("gpu:a100:8(S:0-1),gpu:2"), gpus("(null)"), gpus("shard:8")) == (4, 10, 0, 0)
+    assert gpus("gpu:a100:4(S:0,2),shard:8") == 4  # a socket list holds a comma
+
+
+def test_a_partition_whose_nodes_are_not_all_seen_is_not_judged():
+    """PrivateData=nodes, powered-down cloud nodes, a SLURM without Partitions=: fewer node
+    lines than TotalNodes, or none, and nothing is refused."""
+    assert parse(PARTITION, [NODE.format(i=1)]) is None and parse(PARTITION, []) is None
+
+
+def test_the_partition_sbatch_will_use(monkeypatch):
+    monkeypatch.delenv("SBATCH_PARTITION", raising=False)
+    assert partition_of("", ()) == "" and partition_of("gpu", ("--partition=cpu",)) == "gpu"
+    assert partition_of("", ("--qos=x", "--partition=big")) == "big" and partition_of("", ("-pbig",)) == "big"
+    monkeypatch.setenv("SBATCH_PARTITION", "env")
+    assert partition_of("", ()) == "env"
 
 
 @pytest.mark.parametrize(

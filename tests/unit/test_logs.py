@@ -547,8 +547,10 @@ def test_a_failure_reads_as_the_user_wrote_it_root_cause_first_and_the_hung_rank
     from cluster.logs.text import root_cause
 
     tree = "/p/runs/.snapshots/trees/9deca6fb"
+    from cluster.logs.stacks import ROOT
+
     frames = [
-        'File "/k/train/shim.py", line 55, in main\n    runpy.run_path(script)',
+        f'File "{ROOT}train/shim.py", line 55, in main\n    runpy.run_path(script)',
         'File "<frozen runpy>", line 88, in _run_code',
         f'File "{tree}/my_train.py", line 34, in <module>\n    step()',
     ]

@@ -84,15 +84,17 @@ def test_a_project_outside_git_leaves_out_checkpoints_and_what_its_kitignore_say
     says what it took and how to leave things out."""
     folder = tmp_path / "project"
     for rel in ("train.py", "model.pt", "checkpoints/step_10/x.distcp", "data/raw.bin", "src/data/loader.py",
-                "weights/best.pt", "notes.md"):  # fmt: skip
+                "weights/best.pt", "notes.md", "src/runs/helpers.py"):  # fmt: skip
         (folder / rel).parent.mkdir(parents=True, exist_ok=True)
         (folder / rel).write_text("x")
     (folder / ".kitignore").write_text("# mine\n/data\nnotes.md\n!*.pt\n")
     code = take(folder, tmp_path / "logs")
-    assert files_of(code) == {"train.py", "src/data/loader.py", "model.pt", "weights/best.pt", ".kitignore"}
+    # the defaults' folders at the root only: a package's own runs/ module travels
+    assert files_of(code) == {"train.py", "src/data/loader.py", "model.pt", "weights/best.pt", ".kitignore",
+                              "src/runs/helpers.py"}  # fmt: skip
     (folder / "big.bin").write_bytes(b"\0" * 21_000_000)
     (note,) = [n for n in take(folder, tmp_path / "logs", write=False).notes if "MB" in n]
-    assert "21.0 MB in 6 files (largest: big.bin (21.0 MB)" in note and ".kitignore" in note
+    assert "21.0 MB in 7 files (largest: big.bin (21.0 MB)" in note and ".kitignore" in note
 
 
 def test_a_submodules_files_are_in_the_snapshot(repo, tmp_path):

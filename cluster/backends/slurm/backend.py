@@ -32,12 +32,14 @@ PENDING_REASONS = {
     "BeginTime": "its start time has not come",
     "PartitionConfig": "it asks more than the partition's nodes have (CPUs, memory, GPUs, node count): "
     "it will not start as submitted; cancel it and lower cpus_per_task, mem, gpus_per_node or nodes",
-    "PartitionNodeLimit": "more nodes than the partition allows: it will not start as submitted",
+    "PartitionNodeLimit": "more nodes than the partition allows, or some it needs are down or drained",
     "PartitionTimeLimit": "a longer time than the partition allows: it will not start as submitted",
     "BadConstraints": "no node has the requested constraint or features: it will not start as submitted",
     "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
 }
-NEVER_STARTS = {"PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints"}
+# Not PartitionNodeLimit: SLURM says it too while the nodes a job needs are down or drained,
+# which passes (a request beyond the partition's nodes is refused at submission: limits.py).
+NEVER_STARTS = {"PartitionConfig", "PartitionTimeLimit", "BadConstraints"}
 
 
 def slurm_job(job_id: str) -> dict[str, str]:
@@ -93,7 +95,7 @@ class SlurmJobs(Backend):
         return State(fields.get("JobState"), reason, never)
 
     def beyond_limits(self, spec, plan) -> list[str]:
-        part = limits.read(spec.partition)
+        part = limits.read(limits.partition_of(spec.partition, spec.sbatch_extra))
         try:
             mem = limits.mem_mb(spec.mem) if spec.mem else None
         except ValueError:  # a size only sbatch reads: sbatch judges it

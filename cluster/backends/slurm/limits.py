@@ -7,6 +7,7 @@ comparison is pure (table-tested).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -69,15 +70,17 @@ def minutes(text: str) -> float | None:
 def gpus(gres: str) -> int:
     """The GPUs a node's Gres names (``gpu:4``, ``gpu:a100:8(S:0-1)``, ``(null)``)."""
     total = 0
-    for item in gres.split(","):
-        parts = re.sub(r"\(.*?\)", "", item).split(":")
+    for item in re.sub(r"\([^)]*\)", "", gres).split(","):  # socket lists first: (S:0,2) holds a comma
+        parts = item.split(":")
         if parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
             total += int(parts[-1])
     return total
 
 
-def parse(partition_line: str, node_lines: list[str]) -> Partition:
-    """A partition from ``scontrol show partition -o NAME``'s line and ``scontrol show node -o``'s. Pure."""
+def parse(partition_line: str, node_lines: list[str]) -> Partition | None:
+    """A partition from ``scontrol show partition -o NAME``'s line and ``scontrol show node -o``'s;
+    None where the nodes listed are not all of its nodes (hidden by PrivateData, powered down
+    in the cloud, a SLURM without ``Partitions=``): what is not seen is not judged. Pure."""
     part = fields(partition_line)
     name = part["PartitionName"]
     nodes = []
@@ -86,6 +89,9 @@ def parse(partition_line: str, node_lines: list[str]) -> Partition:
         if name in node.get("Partitions", "").split(","):
             nodes.append(Node(node["NodeName"], int(node.get("CPUEfctv") or node.get("CPUTot", 0)),
                               int(node.get("RealMemory", 0)), gpus(node.get("Gres", ""))))  # fmt: skip
+    total = part.get("TotalNodes", "")
+    if not nodes or (total.isdigit() and len(nodes) < int(total)):
+        return None
     max_nodes = part.get("MaxNodes", "UNLIMITED")
     return Partition(name, tuple(nodes), None if not max_nodes.isdigit() else int(max_nodes),
                      minutes(part.get("MaxTime", "UNLIMITED")))  # fmt: skip
@@ -117,18 +123,33 @@ def beyond(ask: Ask, part: Partition) -> list[str]:
     return said
 
 
+def scontrol(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):  # none here, not allowed, too slow: not judged
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def read(name: str) -> Partition | None:
     """The partition named (empty: the default one) as scontrol tells it; None where scontrol
-    cannot be asked or knows no such partition (sbatch then says so itself)."""
-    try:
-        listed = subprocess.run(["scontrol", "show", "partition", "-o", *([name] if name else [])],
-                                capture_output=True, text=True, timeout=30)  # fmt: skip
-        nodes = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=30)
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return None
-    lines = [ln for ln in listed.stdout.splitlines() if ln.startswith("PartitionName=")]
+    cannot be asked, knows no such partition (sbatch then says so itself), or shows not all
+    of its nodes."""
+    listed = scontrol("show", "partition", "-o", *([name] if name else []))
+    lines = [ln for ln in (listed or "").splitlines() if ln.startswith("PartitionName=")]
     if not name:
         lines = [ln for ln in lines if fields(ln).get("Default") == "YES"]
-    if listed.returncode or nodes.returncode or not lines:
+    if not lines:
         return None
-    return parse(lines[0], nodes.stdout.splitlines())
+    nodes = scontrol("show", "node", "-o", fields(lines[0]).get("Nodes", ""))
+    return parse(lines[0], nodes.splitlines()) if nodes else None
+
+
+def partition_of(partition: str, sbatch_extra: list[str] | tuple[str, ...]) -> str:
+    """The partition sbatch will use: the spec's, else one ``sbatch_extra`` names, else
+    ``SBATCH_PARTITION`` (sbatch's own variable); empty: the default one."""
+    for option in sbatch_extra:
+        for flag in ("--partition=", "-p"):
+            if option.startswith(flag) and option[len(flag) :]:
+                partition = partition or option[len(flag) :]
+    return partition or os.environ.get("SBATCH_PARTITION", "")
