@@ -44,10 +44,10 @@ def measure(sizes_mb: list[float], rounds: int) -> list[dict]:
     import torch  # here: the benchmark's own process imports what it measures
     import torch.distributed as dist
 
-    from train import checkpoint
-    from train.config import Config, load
-    from train.dist_env import DistEnv
-    from train.loop import setup
+    from train.contract.config import Config, load
+    from train.rank.dist_env import DistEnv
+    from train.trainer import checkpoint
+    from train.trainer.loop import setup
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))

@@ -72,7 +72,7 @@ def waiting_on_its_save(pid: int) -> bool:
     spy = Path(sys.executable).parent / "py-spy"
     dump = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
     main = dump.stdout.split("\nThread ")[1] if "\nThread " in dump.stdout else ""
-    return "finish (train/checkpoint.py" in main
+    return "finish (train/trainer/checkpoint.py" in main
 
 
 def ended(job: JobDir, attempt: int) -> dict | None:

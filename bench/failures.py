@@ -30,7 +30,7 @@ from pathlib import Path
 
 from cluster.jobdir import JobDir
 from cluster.system import minicluster
-from train.protocol import read_records, record_name
+from train.contract.protocol import read_records, record_name
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = ["cpus_per_task=1", "mem=", "exclusive=false", "env.OMP_NUM_THREADS=1", "gpus_per_node=2"]

@@ -3,7 +3,7 @@
 Rows, for ``jobs/bench_gpu.yaml`` (or ``--spec``): the matmul ceiling (one of the model's
 hidden matmuls, batch x hidden x hidden, in bf16 and fp32); then, per precision the kit offers,
 a hand-written loop (its data made on the device, plain ``nn.Linear`` layers, torch's SGD,
-nothing of the kit) and the kit's own loop (``train.loop.run``: its loader, records, watchdog).
+nothing of the kit) and the kit's own loop (``train.trainer.loop.run``: its loader, records, watchdog).
 The process runs with the intra-op threads a job of that spec gets (``cpus_per_task``), not
 one. Contenders run in interleaved rounds; the kit's ratio to the hand loop of its precision
 is taken within each round and the median reported. MFU is the model's matmul FLOPs (6 per
@@ -31,11 +31,11 @@ import torch
 from torch import nn
 
 from cluster.spec import JobSpec
-from train.config import Config, as_overrides, load
-from train.dist_env import from_environ
-from train.errors import ConfigError
-from train.loop import autocast_context, param_dtype, run
-from train.model import flops_per_sample, layer_dims
+from train.contract.config import Config, as_overrides, load
+from train.contract.errors import ConfigError
+from train.rank.dist_env import from_environ
+from train.trainer.loop import autocast_context, param_dtype, run
+from train.trainer.model import flops_per_sample, layer_dims
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "jobs/bench_gpu.yaml"

@@ -34,8 +34,8 @@ from cluster.plan import make_plan
 from cluster.spec import JobSpec
 from cluster.system import minicluster
 from fixtures.synthetic import make_job, make_log_root, make_sweep
-from train.config import load
-from train.protocol import read_records
+from train.contract.config import load
+from train.contract.protocol import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -86,7 +86,7 @@ def averaging_table(rounds: int, quick: bool) -> dict:
 
 def collectives(max_bytes: str) -> list[dict]:
     say("collectives bandwidth sweep (2 ranks)")
-    return json.loads(run_ranks(2, ["train.collectives", "--json", f"--max-bytes={max_bytes}"]))["sweep"]
+    return json.loads(run_ranks(2, ["train.preflight.collectives", "--json", f"--max-bytes={max_bytes}"]))["sweep"]
 
 
 def plan_speed() -> dict:

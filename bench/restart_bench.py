@@ -4,7 +4,7 @@
 - **Recovery**: from a failure to the next attempt's first training step, 2 nodes x 2 ranks.
   In the allocation (``restarts=1 spare_nodes=1``: the ranks of the second node are killed
   and the kit starts a new step on the spare), warm (the ranks of the restart forked from each
-  node's standby, ``train.standby``) and cold (``warm_restarts=false``), against a requeue
+  node's standby, ``train.rank.standby``) and cold (``warm_restarts=false``), against a requeue
   (``requeue=true``: ``scontrol requeue`` at the same step; the job waits for the scheduler
   to start it again); and the restart's start-up against the first attempt's, warm and cold.
 - **Start-up**: a restart pays the job's start-up again. From submission to every rank's
@@ -329,7 +329,7 @@ def markdown(r: dict) -> list[str]:
         f" ({every('in_allocation_s')}; goal <= 60 s), {r['in_allocation_cold_s']:.1f} s ({every('in_allocation_cold_s')})"
         f" with `warm_restarts=false`; a requeue (`scontrol requeue` at the same step) **{r['requeue_s']:.1f} s**"
         f" ({every('requeue_s')}).",
-        f"- Warm restarts (`train.standby`): the restarted attempt's start-up (its launch to rank 0's first step, the"
+        f"- Warm restarts (`train.rank.standby`): the restarted attempt's start-up (its launch to rank 0's first step, the"
         f" ledger's) against the first attempt's, same job: warm **{r['in_allocation_s_startup_1']:.1f} s vs"
         f" {r['in_allocation_s_startup_0']:.1f} s, ratio {r['in_allocation_s_startup_ratio']:.2f}**"
         f" ({every('in_allocation_s_startup_ratio')}; goal <= 0.5); cold {r['in_allocation_cold_s_startup_1']:.1f} s vs"

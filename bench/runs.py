@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from train.dist_env import free_port
-from train.protocol import read_records, record_name
+from train.contract.protocol import read_records, record_name
+from train.rank.dist_env import free_port
 
 
 def step_records(run_dir: Path, nprocs: int) -> list[list[dict]]:

@@ -28,14 +28,14 @@ from bench.gpu import backward_and_step
 from bench.runs import launch, machine, run_ranks
 from bench.scaling.fit import averaging_break_even
 from bench.scaling.study import FIT_FILE, RUN_DIR
-from train.config import Config, TrainConfig, load
-from train.data import ShardedSampler, make_dataset
-from train.dist_env import DistEnv, from_environ
-from train.errors import ConfigError
-from train.hangs import StallWatchdog
-from train.loop import autocast_context, run
-from train.model import build_mlp, parameter_count
-from train.parallel.mesh import SINGLE_PROCESS
+from train.contract.config import Config, TrainConfig, load
+from train.contract.errors import ConfigError
+from train.contract.strategies import STRATEGIES
+from train.rank.dist_env import DistEnv, from_environ
+from train.rank.hangs import StallWatchdog
+from train.trainer.data import ShardedSampler, make_dataset
+from train.trainer.loop import autocast_context, run
+from train.trainer.model import build_mlp, parameter_count
 
 
 def one_process(cfg: Config) -> DistEnv:
@@ -129,8 +129,8 @@ def watchdog_cost(step_ms: float, timeout_s: float = TrainConfig.stall_timeout_s
 
 
 def allreduce_ms(nbytes: int, nprocs: int) -> float:
-    """One all_reduce of ``nbytes`` on ``nprocs`` fresh ranks, timed by train.collectives."""
-    out = run_ranks(nprocs, ["train.collectives", "--json", f"--min-bytes={nbytes}", f"--max-bytes={nbytes}"])
+    """One all_reduce of ``nbytes`` on ``nprocs`` fresh ranks, timed by train.preflight.collectives."""
+    out = run_ranks(nprocs, ["train.preflight.collectives", "--json", f"--min-bytes={nbytes}", f"--max-bytes={nbytes}"])
     return json.loads(out)["sweep"][0]["time_us"] / 1e3
 
 
@@ -186,7 +186,7 @@ def benchmark(
     strategies: list[str], nprocs: int, rounds: int, steps: int, overrides: list[str], progress=print
 ) -> dict:
     samples: dict[str, list[dict]] = {s: [] for s in strategies}
-    ranks = {s: 1 if s == "minimal" or parse_label(s)[0] in SINGLE_PROCESS else nprocs for s in strategies}
+    ranks = {s: 1 if s == "minimal" or STRATEGIES[parse_label(s)[0]].one_process else nprocs for s in strategies}
     for r in range(rounds):
         for s in strategies if r % 2 == 0 else strategies[::-1]:
             result = measure(s, ranks[s], steps, overrides)

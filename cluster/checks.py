@@ -14,18 +14,18 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cluster import backends
+from cluster.provenance.program import find_module
 from cluster.spec import JobSpec, ProgramSpec
 from cluster.system.kit import KIT_ROOT, kit_env
-from train.errors import ConfigError
-from train.protocol import parse_time_limit_signal
+from train.contract.errors import ConfigError
+from train.contract.protocol import parse_time_limit_signal
 
 if TYPE_CHECKING:  # types only: the traits come with the plan
-    from cluster.backends.base import Traits
+    from cluster.backends.facts import Traits
     from cluster.plan import Plan
 
 FORCE = "cluster-kit submit --force submits it anyway"
@@ -62,13 +62,13 @@ def check_can_run(spec: JobSpec, plan: Plan, python: str) -> None:
 
 def kit_import_error(python: str, pythonpath: str = "") -> str:
     """The last line of the error ``python`` gives importing the kit's rank shim, as a rank
-    would (``python -P -m train.shim``; ``pythonpath``: the spec's, after the kit's tree);
+    would (``python -P -m train.rank.shim``; ``pythonpath``: the spec's, after the kit's tree);
     empty where it imports."""
     env = kit_env()
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), pythonpath) if p)
     try:
-        done = subprocess.run([python, "-P", "-c", "import train.shim"], env=env, capture_output=True,
+        done = subprocess.run([python, "-P", "-c", "import train.rank.shim"], env=env, capture_output=True,
                               text=True, timeout=120)  # fmt: skip
     except OSError as exc:
         return f"it cannot be run: {exc.strerror}"
@@ -90,22 +90,6 @@ def _check_script(key: str, path: str) -> None:
     if not Path(path).is_file():
         where = "" if os.path.isabs(path) else f"relative to {os.getcwd()}; "
         raise ConfigError(key, f"no such file {path!r} ({where}it must be on a filesystem the nodes share)")
-
-
-def find_module(key: str, name: str):
-    """The module's spec, found as ``python -m`` would from this directory, without running it."""
-    if not all(part.isidentifier() for part in name.split(".")):
-        raise ConfigError(key, f"{name!r} is not a dotted module name")
-    sys.path.insert(0, os.getcwd())
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError) as exc:
-        raise ConfigError(key, f"cannot find module {name!r}: {exc}") from None
-    finally:
-        sys.path.pop(0)
-    if found is None:
-        raise ConfigError(key, f"no module named {name!r} here ({os.getcwd()}) or on the Python path")
-    return found
 
 
 def _check_module(key: str, name: str) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from cluster import backends
 from cluster.jobdir import DEPENDENCY, JobDir
 from cluster.sweeps.directory import Sweep
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 CONDITIONS = {"ok": "afterok", "any": "afterany", "failed": "afternotok"}  # ours -> SLURM's
 POLL_S = 2.0

@@ -13,7 +13,7 @@
     rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
     node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
     rank_00003.attempt1.log                the same rank after the first requeue
-    rank_00003.jsonl                       rank 3's JSON records (train.protocol)
+    rank_00003.jsonl                       rank 3's JSON records (train.contract.protocol)
     rank_00003.progress                    a program's rank 3: its last optimizer step, when, its pid
     preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
     preflight_00003.attempt1.log           the same, before the first restart's training (restarts)
@@ -22,7 +22,7 @@
     submitit/                              a Python function's job: <job id>_submitted.pkl (the function),
                                            <job id>_<rank>_result.pkl, and on SLURM submitit's script and logs
 
-The ranks write their own files by the names in ``train.protocol``; the batch script names the
+The ranks write their own files by the names in ``train.contract.protocol``; the batch script names the
 per-task logs with srun's patterns below; everything else asks a ``JobDir``.
 """
 
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import orjson
 
-from train.errors import ConfigError
-from train.protocol import (
+from train.contract.errors import ConfigError
+from train.contract.protocol import (
     CHECKPOINTS,
     FLIGHT_RECORDER_PREFIX,
     log_name,
@@ -77,7 +77,7 @@ SCRIPT = "job.sbatch"
 ARRAY_TASK_SCRIPT = "array-task.sbatch"
 SPEC = "spec.yaml"
 # A Python function's job (cluster.submit(fn)): submitit's folder, with its pickles by
-# submitit's names (train.protocol; train.functions runs them): <job id>_submitted.pkl, <job id>_<rank>_result.pkl
+# submitit's names (train.contract.protocol; train.rank.function_program runs them): <job id>_submitted.pkl, <job id>_<rank>_result.pkl
 FUNCTION_DIR = "submitit"
 FUNCTION_PICKLE = f"{FUNCTION_DIR}/{submitted_pickle_name('%j')}"  # where a launcher of the kit puts the function
 TRAIN_CONFIG = "train.yaml"
@@ -88,7 +88,9 @@ PACKAGES = "packages.txt"  # the submitter's installed packages, name==version
 ATTEMPTS = "attempts.jsonl"  # spec.restarts: each attempt's start and end (culprit, excluded node)
 DEPENDENCY = "dependency.json"  # --after: the jobs it waits for, then whether it was released (cluster.dependencies)
 GUARD_LOG = "guard.log"  # spec.restarts: the step that requeues the job when its batch node dies
-STANDBY_LOG = "standby_%n.log"  # spec.warm_restarts: each node's standby (train.standby), %n its node in the allocation
+STANDBY_LOG = (
+    "standby_%n.log"  # spec.warm_restarts: each node's standby (train.rank.standby), %n its node in the allocation
+)
 # The per-task logs of a step, by kind: srun's --output pattern (%5t is the task id zero-padded
 # to 5, as log_name() writes it; ATTEMPT_SUFFIX is set by the rendered script from
 # SLURM_RESTART_COUNT or the restart loop's attempt) and the same name for one task.
@@ -321,12 +323,12 @@ class JobDir:
         return read_progress(self.file(name)) if name in names else None
 
     def records(self, rank: int) -> list[dict]:
-        """Rank ``rank``'s JSON records (train.protocol); empty before it wrote any."""
+        """Rank ``rank``'s JSON records (train.contract.protocol); empty before it wrote any."""
         path = self.records_file(rank)
         return list(read_records(path)) if path.exists() else []
 
     def recent_records(self, rank: int) -> list[dict]:
-        """``records`` as far as a rank's state needs them (train.protocol.recent_records)."""
+        """``records`` as far as a rank's state needs them (train.contract.protocol.recent_records)."""
         path = self.records_file(rank)
         return recent_records(path) if path.exists() else []
 

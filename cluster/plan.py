@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cluster import backends
-from cluster.backends.base import Traits
+from cluster.backends.facts import Traits, facts
 from cluster.spec import JobSpec
-from train.config import check_batch_split
-from train.errors import ConfigError
-from train.parallel.mesh import PER_RANK_STATE, ParallelDims, resolve_dims
-from train.protocol import PORT_RULE
+from train.contract.config import check_batch_split
+from train.contract.errors import ConfigError
+from train.contract.mesh import ParallelDims, resolve_dims
+from train.contract.protocol import PORT_RULE
+from train.contract.strategies import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def make_plan(spec: JobSpec) -> Plan:
     else:  # the user's program lays out its own parallelism
         dims = ParallelDims(dp_replicate=world)
     ranks = []
-    backend = backends.facts(spec.cluster)  # data: planning imports no backend's module
+    backend = facts(spec.cluster)  # data: planning imports no backend's module
     for node in range(spec.nodes):
         host = backend.host.format(node=node)
         # Nodes emulated on this machine share its GPUs: node n has GPUs n*G .. n*G+G-1.
@@ -166,7 +166,7 @@ def fewer_nodes(spec: JobSpec) -> tuple[list[int], str]:
     (its parallel layout and batch split valid there), and why not where none."""
     if spec.program is not None:
         return [], "the program resumes from its own checkpoints: whether a smaller world suits it is its own"
-    if spec.parallel.strategy in PER_RANK_STATE:
+    if STRATEGIES[spec.parallel.strategy].per_rank_state:
         return [], f"{spec.parallel.strategy} keeps optimizer state per rank: it resumes on the same ranks only"
     counts = []
     for nodes in range(spec.nodes - 1, 0, -1):

@@ -13,7 +13,7 @@ from cluster.plan import Plan
 from cluster.request import Request, job_files
 from cluster.spec import JobSpec
 from cluster.system.shell import shell_word
-from train.protocol import ATTEMPT_VAR, DETERMINISTIC_EXIT, PORT_BASE, PORT_SPAN
+from train.contract.protocol import ATTEMPT_VAR, DETERMINISTIC_EXIT, PORT_BASE, PORT_SPAN
 
 
 def describe_program(spec: JobSpec) -> str:
@@ -55,7 +55,7 @@ def render(spec: JobSpec, plan: Plan, request: Request, source: str = "", job_id
         ]
     else:
         lines += [
-            "# Rendezvous, computed by each rank (train/dist_env.py) from SLURM's variables:",
+            "# Rendezvous, computed by each rank (train/rank/dist_env.py) from SLURM's variables:",
             f"#   MASTER_ADDR = {plan.master_addr}",
             f"#   {plan.master_port}",
         ]
@@ -124,7 +124,7 @@ def attempts_start(spec: JobSpec, plan: Plan, request: Request) -> list[str]:
         lines += [
             "# Warm restarts: a standby on every node of the allocation (the spares too) imports what a rank",
             "# imports while the job runs; the ranks of the attempts after the first start from it, forked,",
-            "# their imports done (train.standby). Where none listens yet, a rank starts as it would without.",
+            "# their imports done (train.rank.standby). Where none listens yet, a rank starts as it would without.",
             'srun --overlap --no-kill "--nodes=$SLURM_JOB_NUM_NODES" "--ntasks=$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 \\',
             f"  --cpus-per-task={plan.tasks_per_node * spec.cpus_per_task}{node_gpus(plan)} "
             f'"--output=$JOB_DIR/{STANDBY_LOG}" \\',

@@ -7,7 +7,7 @@ substitutes): $JOB_DIR, $JOB_ID, $MASTER_ADDR, $MASTER_PORT.
 
 What each task runs:
 - the built-in trainer: ``python -P -m train``, its configuration in ``$JOB_DIR/train.yaml``;
-- a user's program: the rank shim ``python -P -m train.shim ... -- <program>`` (the torchrun
+- a user's program: the rank shim ``python -P -m train.rank.shim ... -- <program>`` (the torchrun
   environment, per-rank log, stacks, progress from optimizer steps, start and end records).
 ``-P`` keeps the working directory off ``sys.path``: a user's own ``train.py`` or ``cluster.py``
 there cannot shadow the kit (the shim puts it back for the user's program).
@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 
 import yaml
 
-from cluster.backends.base import Traits
+from cluster.backends.facts import Traits
 from cluster.jobdir import PLAN, SCRIPT, SPEC, TRAIN_CONFIG, batch_output
 from cluster.plan import Plan, gpu_binding, plan_record
 from cluster.provenance.snapshot import Snapshot
 from cluster.spec import WANDB_VARIABLES, JobSpec
-from train.protocol import RUN_ID_VAR, parse_time_limit_signal
+from train.contract.protocol import RUN_ID_VAR, parse_time_limit_signal
 
 PREFLIGHT_JOIN_TIMEOUT_S = 120.0  # how long preflight's rank 0 waits for every rank (spec.stall_timeout_s if set)
 # spec.restarts: the current attempt's nodes, their count and its ranks, which the batch script
@@ -54,8 +54,8 @@ class Request:
     steps: tuple[Step, ...]
     launcher: str  # per_task or torchrun
     restarts: int = 0  # spec.restarts: the train step runs in a loop of attempts
-    # spec.warm_restarts: each node's standby (train.standby serve), an srun step of one task per
-    # node beside the attempts, whose ranks start from it through ``train.standby run``
+    # spec.warm_restarts: each node's standby (train.rank.standby serve), an srun step of one task per
+    # node beside the attempts, whose ranks start from it through ``train.rank.standby run``
     standby: tuple[str, ...] = ()
     attempts: tuple[
         str, ...
@@ -151,7 +151,7 @@ def rank_program(
         config = f"$JOB_DIR/{TRAIN_CONFIG}"
         return [python, "-P", "-m", "train", *log, "--timestamps", "--config", config, "train.run_dir=$JOB_DIR"]
     p = spec.program
-    shim = [python, "-P", "-m", "train.shim", "--job-dir=$JOB_DIR"]
+    shim = [python, "-P", "-m", "train.rank.shim", "--job-dir=$JOB_DIR"]
     if rank_log:
         shim.append("--rank-log")
     stall = spec.stall_timeout_s if spec.stall_timeout_s is not None else spec.train.stall_timeout_s
@@ -177,9 +177,9 @@ def rank_program(
 
 def torchrun(plan: Plan, python: str, worker: list[str], nodes: int | str, time_limit_signal: str = "") -> list[str]:
     """One agent per node (the TorchX and NeMo-Run convention), rendezvous on the first node.
-    With a time-limit signal, the agent runs in ``train.agent``, which it does not kill."""
+    With a time-limit signal, the agent runs in ``train.rank.agent``, which it does not kill."""
     agent = (
-        ["train.agent", f"--time-limit-signal={time_limit_signal}", "--"]
+        ["train.rank.agent", f"--time-limit-signal={time_limit_signal}", "--"]
         if time_limit_signal
         else ["torch.distributed.run"]
     )
@@ -233,7 +233,7 @@ def make_request(
     on_nodes = ("--overlap", f"--nodes={ATTEMPT_NNODES}", f"--nodelist={ATTEMPT_NODES}") if spec.restarts else ()
     per_rank = (*on_nodes, f"--ntasks={ATTEMPT_NTASKS}") if spec.restarts else ()
     nodes = ATTEMPT_NNODES if spec.restarts else plan.nodes
-    standby = [python, "-P", "-m", "train.standby"]
+    standby = [python, "-P", "-m", "train.rank.standby"]
     warm = spec.restarts_warm
 
     def rank_step(command: list[str]) -> tuple[str, ...]:

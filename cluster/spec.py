@@ -1,6 +1,6 @@
 """The job spec: what users set in sbatch, plus the training sections passed to every rank.
 
-Loaded with the training config's machinery (``train.config``): nested dataclasses, dotted
+Loaded with the training config's machinery (``train.contract.config``): nested dataclasses, dotted
 overrides, unknown keys rejected with the key's name. The training sections carry the same
 names as for ``python -m train`` so one override syntax serves both.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cluster.jobdir import FUNCTION_DIR
-from train.config import (
+from train.contract.config import (
     TRAIN_SECTIONS,
     Config,
     DataConfig,
@@ -22,13 +22,13 @@ from train.config import (
     ParallelConfig,
     ShellWords,
     TrainConfig,
-    check_flags,
     require_positive,
     require_signal,
     to_dict,
 )
-from train.errors import ConfigError
-from train.protocol import CHECKPOINT_DIR_VAR, PROGRAM_KINDS, RUN_ID_VAR, parse_time_limit_signal
+from train.contract.errors import ConfigError
+from train.contract.protocol import CHECKPOINT_DIR_VAR, PROGRAM_KINDS, RUN_ID_VAR, parse_time_limit_signal
+from train.contract.strategies import check_flags
 
 # Values interpolated into #SBATCH lines and paths: no shell syntax, no spaces.
 SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_.,:@%+=/\-\[\]]*$")
@@ -117,7 +117,7 @@ class ProgramSpec:
     file), ``module`` (``python -m``), ``function`` (``pkg.module:function``, called with
     ``kwargs``) or ``command`` (any executable), with ``args``; or ``submitit``, the folder of a
     Python function that ``cluster.submit(fn)`` pickled (set by it, not in a spec file). The
-    rank shim (``train.shim``) gives it the torchrun environment, its per-rank log, stacks,
+    rank shim (``train.rank.shim``) gives it the torchrun environment, its per-rank log, stacks,
     progress and records."""
 
     script: str = ""  # your script, as `torchrun script.py` takes it
@@ -204,7 +204,7 @@ class JobSpec:
     # the smaller world (train.batch_size is the global batch: the mathematics is unchanged).
     min_nodes: int = 0
     # With restarts, a standby on every node imports what a rank imports while the job runs, and
-    # the ranks of a restart start from it (train.standby): only the first attempt starts cold.
+    # the ranks of a restart start from it (train.rank.standby): only the first attempt starts cold.
     # One rank per task only (program.launcher=per_task): torchrun's agents start their workers afresh.
     warm_restarts: bool = True
     container: ContainerSpec = field(default_factory=ContainerSpec)
@@ -261,7 +261,7 @@ class JobSpec:
 
     @property
     def restarts_warm(self) -> bool:
-        """Restarts whose ranks start from each node's standby (train.standby): one rank a task only."""
+        """Restarts whose ranks start from each node's standby (train.rank.standby): one rank a task only."""
         return bool(self.restarts and self.warm_restarts and self.launcher == "per_task")
 
     @property
@@ -286,6 +286,13 @@ class JobSpec:
 
     def train_dict(self) -> dict:
         return to_dict(self.train_config())
+
+    @property
+    def device_type(self) -> str:
+        """The built-in trainer's device kind on each rank: train.device, or "auto" by the GPUs asked."""
+        if self.train.device != "auto":
+            return self.train.device
+        return "cuda" if self.gpus_per_node else "cpu"
 
     def validate(self, prefix: str) -> None:
         require_positive(self, prefix, "nodes", "tasks_per_node", "cpus_per_task")
@@ -318,7 +325,7 @@ class JobSpec:
             require_signal("signal", self.signal)
         if self.program is None:  # beside a program, every trainer key is refused (check_program_sections)
             check_kit_keys(self)
-            check_flags(self.train, self.parallel)
+            check_flags(self.train, self.parallel, self.device_type)
         require_positive(self, prefix, "stall_timeout_s", "startup_timeout_s", minimum=0)
         # what the spec's backend cannot run is checked at submission (cluster.checks)
         if self.restarts and self.container.runtime == "pyxis":

@@ -28,8 +28,8 @@ from cluster.render import render
 from cluster.request import job_files, make_request
 from cluster.runs.owner import refuse_if_taken, take
 from cluster.spec import FUNCTION_FOLDER, JobSpec, check_program_sections
-from train.config import apply_overrides, build, load, read_yaml, to_dict
-from train.errors import ConfigError
+from train.contract.config import apply_overrides, build, load, read_yaml, to_dict
+from train.contract.errors import ConfigError
 
 SUBMITIT_SIGNAL = "USR2@90"  # submitit's time-limit signal: a function's job where the spec has none
 

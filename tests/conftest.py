@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from train.dist_env import free_port
+from train.rank.dist_env import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

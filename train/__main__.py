@@ -1,7 +1,7 @@
 """``python -m train [--config FILE.yaml] [key=value ...]``: train on this rank.
 
 Runs unchanged alone, under torchrun, srun, mpirun or the kit's local launcher:
-``train.dist_env`` reads whichever launcher started it.
+``train.rank.dist_env`` reads whichever launcher started it.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import os
 import signal
 import sys
 
-from train.config import Config, help_text, load
-from train.errors import ConfigError, RankFailed
-from train.output import leave
-from train.preempt import armed
+from train.contract.config import Config, help_text, load
+from train.contract.errors import ConfigError, RankFailed
+from train.rank.output import leave
+from train.trainer.preempt import armed
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load(Config, args.config, args.overrides)
         armed(cfg.train.preempt_signal)  # before the seconds of start-up below, where the signal can come
-        from train.runner import run_rank  # torch is imported only once the config is valid
+        from train.trainer.rank_life import run_rank  # torch is imported only once the config is valid
 
         run_rank(cfg, rank_log=args.rank_log, timestamps=args.timestamps or args.rank_log)
     except ConfigError as exc:

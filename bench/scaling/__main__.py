@@ -12,7 +12,7 @@ from bench.scaling.fit import predict
 from bench.scaling.plot import plot
 from bench.scaling.report import format_result
 from bench.scaling.study import FIT_FILE, FULL, QUICK, RUN_DIR, save, study
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 
 def main(argv: list[str]) -> int:

@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from bench.scaling.kernels import kernel_seconds, steps_for
-from train.config import Config, ModelConfig, load
-from train.model import parameter_count
+from train.contract.config import Config, ModelConfig, load
+from train.trainer.model import parameter_count
 
 
 def fit_cost(points: list[dict]) -> dict:

@@ -9,8 +9,8 @@ from functools import partial
 
 import torch
 
-from train.config import ModelConfig
-from train.model import layer_dims
+from train.contract.config import ModelConfig
+from train.trainer.model import layer_dims
 
 # Intra-op threads per rank, in the runs and in the kernel timings alike. With two threads on
 # two cores, anything else running (another job, `yes > /dev/null`) stalls every parallel

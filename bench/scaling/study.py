@@ -10,8 +10,8 @@ from pathlib import Path
 from bench.runs import launch, machine
 from bench.scaling.fit import dp_payoff, fit_cost, held_out, multiplicative
 from bench.scaling.kernels import THREADS, kernel_seconds, steps_for
-from train.config import Config, load
-from train.model import parameter_count
+from train.contract.config import Config, load
+from train.trainer.model import parameter_count
 
 # The grids: model sizes through model.dim_hidden (4 layers, dim_in 1024: 2.2k parameters,
 # all per-step overhead, to 10.6M, compute-bound), data sizes through data.train_size, a

@@ -15,10 +15,10 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cluster.backends.base import Backend, Facts, NeverStarts, Say, State
-from cluster.backends.facts import FACTS
+from cluster.backends.base import Backend, NeverStarts, Say, State
+from cluster.backends.facts import facts
 from cluster.jobdir import JobDir
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 # name -> its module and class. A backend's module is imported when a job asks for it (kept
 # lazy for start-up time: `cluster logs` of 16,384 ranks needs no scheduler's module it does
@@ -32,14 +32,6 @@ BACKENDS: dict[str, str] = {
 # A Python function's job (cluster.submit(fn)) where another backend runs it: SLURM's through
 # submitit (but for restarts inside the allocation, see for_functions).
 FUNCTIONS = {"slurm": "submitit"}
-
-
-def facts(name: str) -> Facts:
-    """The registry's facts of a spec's ``cluster`` (its module not imported); bad input (exit 2)
-    for a name no backend has."""
-    if name not in FACTS:
-        raise ConfigError("cluster", f"{name!r} is no backend: one of {', '.join(sorted(BACKENDS))}")
-    return FACTS[name]
 
 
 @functools.cache

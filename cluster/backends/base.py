@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from cluster.backends.facts import Traits
 from cluster.jobdir import JobDir
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: these modules import this one
     from cluster.plan import Plan
@@ -80,37 +81,6 @@ class Submission:
     job_root: Path  # <log_dir>/<name>: the job directory is job_root/<job id>
     python: str  # the interpreter on the nodes
     function: Any = None  # a Python function's job: submitit's DelayedSubmission (cluster.submit(fn))
-
-
-@dataclass(frozen=True)
-class Traits:
-    """What the spec, the plan and the request need to know of a backend: chosen once with it
-    (``cluster.plan.make_plan``) and carried by the plan to the request, not asked again."""
-
-    in_image: bool = False  # the nodes run the spec's container.image themselves
-    on_this_machine: bool = False  # the ranks run here, with this machine's files (the local launcher)
-    restarts: bool = False  # restarts inside the allocation (spec restarts, spare_nodes, min_nodes)
-    # Jobs wait in a queue for their resources: a sweep submits all its points at once by default
-    # (on this machine, local and docker points run one at a time unless asked).
-    scheduler: bool = False
-    requeues: bool = False  # the scheduler puts a job back in its queue (spec requeue)
-    # Each rank's shim opens its own log (where srun's --output cannot name one per rank).
-    shim_opens_rank_logs: bool = False
-    # A job file the batch script writes again at each launch: its write dates the launch (where
-    # the goodput ledger's "queued" ends); None: the ranks' process starts date it.
-    launch_marker: str | None = None
-    # How early the scheduler may send the spec's time-limit signal (its event resolution).
-    signal_early_s: int = 0
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the spec and the plan know of a backend before they ask it anything: data in the
-    registry (``cluster.backends.FACTS``), so that planning a job imports no backend's module."""
-
-    traits: Traits = Traits()
-    host: str = "<node{node}>"  # node n's host name as the plan shows it ("<node3>": known at run time)
-    master_addr: str | None = None  # the rendezvous as the plan shows it; None: the first node, at run time
 
 
 class Backend(ABC):

@@ -13,7 +13,7 @@ from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
 from cluster.launcher import containers, controller, outcome
 from cluster.system.poll import WaitTimeout, wait_until
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 
 class DockerBackend(Backend):

@@ -18,7 +18,7 @@ import os
 import sys
 
 from cluster.cli.common import flag_overrides
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 # name -> its line in --help, in --help's order (a command's DESCRIPTION, where it has one, says more)
 COMMANDS = {

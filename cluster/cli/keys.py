@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
-DESCRIPTION = """Every key of a job spec (cluster/spec.py, train/config.py): set it in the YAML, nested, or on
+DESCRIPTION = """Every key of a job spec (cluster/spec.py, train/contract/config.py): set it in the YAML, nested, or on
 the command line as key=value (dotted: train.steps=200). PREFIX keeps the keys that start with it."""
 EXAMPLE = "cluster-kit keys train.ckpt"
 
@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from cluster.spec import JobSpec  # the schema: this command's alone
-    from train.config import FAULTS, describe, field_notes, first_sentence
+    from train.contract.config import FAULTS, describe, field_notes, first_sentence
 
     notes = field_notes(JobSpec)
     rows = [(k, t, v, notes.get(k, "")) for k, t, v in describe(JobSpec) if k.startswith(args.prefix)]
@@ -31,7 +31,7 @@ def run(args) -> int:
     width = max(len(k) for k, *_ in rows)
     shown = max(len(repr(v)) for _, _, v, _ in rows if len(repr(v)) <= 20)
     for heading, group in (("job spec keys (key=value; dotted for sections):", [r for r in rows if r[0] not in faults]),
-                           ("failures made on purpose (drills and tests, train/faults.py):", [r for r in rows if r[0] in faults])):  # fmt: skip
+                           ("failures made on purpose (drills and tests, train/trainer/faults.py):", [r for r in rows if r[0] in faults])):  # fmt: skip
         if group:
             print(heading)
             for key, kind, value, note in group:

@@ -19,7 +19,7 @@ from cluster.logs.triage import inspect, job_is_running
 from cluster.provenance.reading import one_line, provenance
 from cluster.runs.listing import find_run
 from cluster.sweeps.directory import Sweep
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 
 def add_arguments(parser) -> None:

@@ -11,7 +11,7 @@ from cluster.cli.common import job_arguments
 from cluster.cli.waiting import add_wait, submitted_again
 from cluster.sweeps.best import SUFFIX, is_best, over, rerun_best, start_later
 from cluster.sweeps.directory import Sweep
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
 

@@ -13,7 +13,7 @@ from cluster.dependencies import waiting_reason
 from cluster.plan import format_plan
 from cluster.runs.resume import MAX_JOBS
 from cluster.submission import code_of, dry_run, load_spec, make_submission, node_python, submit
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 
 def add_arguments(parser) -> None:

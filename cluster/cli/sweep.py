@@ -9,7 +9,7 @@ from cluster.cli.common import at_least, say
 from cluster.runs.resume import MAX_JOBS
 from cluster.sweeps.grid import dry_run, read_points, sweep_points
 from cluster.sweeps.table import format_sweep
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 DESCRIPTION = (
     "Run a job spec over a grid: each override with comma-separated values is swept "

@@ -10,7 +10,7 @@ import yaml
 from cluster.goodput.ledger import Ledger, expected_ettr, gpus_per_node, ledger_of, mtbf_hours, young_daly_s
 from cluster.goodput.simulate import SOURCES, Scenario, parse_scenario, simulate
 from cluster.jobdir import TRAIN_CONFIG, JobDir
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 
 def measured(job_dir: JobDir, ledger: Ledger) -> dict:
@@ -30,7 +30,7 @@ def measured(job_dir: JobDir, ledger: Ledger) -> dict:
     config = job_dir.path / TRAIN_CONFIG
     train = (yaml.safe_load(config.read_text()) or {}).get("train", {}) if config.exists() else {}
     plan = job_dir.plan() or {}
-    # Warm restarts (train.standby): the first start-up is cold, the restarts' are not (1.5 s
+    # Warm restarts (train.rank.standby): the first start-up is cold, the restarts' are not (1.5 s
     # against 18 s under load): a mean of both made a replay of such a job miss its ledger 3-fold.
     warm = bool(plan.get("warm_restarts")) and len(startups) > 1 and "step_s" in rows[0]
     if warm:

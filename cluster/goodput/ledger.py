@@ -1,4 +1,4 @@
-"""Goodput: where a job's time went, from its records (``train.protocol``) and its attempts.
+"""Goodput: where a job's time went, from its records (``train.contract.protocol``) and its attempts.
 
 The ledger cuts the job's wall time, from submission (spec.yaml's write) to its last record,
 into consecutive pieces, so that they add up to it exactly:

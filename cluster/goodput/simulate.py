@@ -17,7 +17,7 @@ policy:
                  failure before that falls back to the save before it)
     warm         as async, restarts warm: a restart inside the allocation starts up in
                  ``warm_startup_s``, not ``startup_s`` (a requeue still starts cold). The kit's
-                 own (``train.standby``: ranks forked with their imports done) is measured at 4
+                 own (``train.rank.standby``: ranks forked with their imports done) is measured at 4
                  ranks; the default is what keeping communicators and state would give at scale
 
 then start-up again. ETTR = work / running time (the first queue excluded, as in the ledger).
@@ -38,8 +38,8 @@ import textwrap
 from dataclasses import asdict, dataclass, field, fields
 
 from cluster.goodput.ledger import mtbf_hours, young_daly_s
-from train.config import apply_overrides, build, require_positive
-from train.errors import ConfigError
+from train.contract.config import apply_overrides, build, require_positive
+from train.contract.errors import ConfigError
 
 POLICIES = ("requeue", "restart", "spare", "async", "warm")
 ASYNC_POLICIES = ("async", "warm")
@@ -64,7 +64,7 @@ SOURCES = {
                       "the spare joins from a standby, the state reloads from host memory): 30 s, an "
                       "order above TrainMover's second-level downtimes with standby machines (arXiv 2412.12636). "
                       "The kit's warm restarts keep the imports only (each node's standby forks the ranks, "
-                      "train.standby): 1.07 s against 4.92 s cold at 4 ranks (docs/benchmarks.md), where imports "
+                      "train.rank.standby): 1.07 s against 4.92 s cold at 4 ranks (docs/benchmarks.md), where imports "
                       "are most of a start-up; at 16,384 GPUs the communicators and the checkpoint's read remain. "
                       "At 60 s the best policy still meets 95 % (95.7 %), at 120 s it does not (94.8 %)",
     "detection_s": "a dead peer found by a collective's timeout or the stall watchdog: 60 s assumed (the kit "
@@ -138,7 +138,7 @@ class Scenario:
 
 
 def parse_scenario(pairs: list[str], base: Scenario | None = None) -> Scenario:
-    """``key=value`` pairs onto a scenario, as a spec's overrides are read (``train.config``:
+    """``key=value`` pairs onto a scenario, as a spec's overrides are read (``train.contract.config``:
     typed, unknown keys named, exit 2); ``failures_at=s1,s2`` is a list without its brackets."""
     pairs = [f"failures_at=[{p.partition('=')[2]}]" if p.startswith("failures_at=") and "[" not in p else p
              for p in pairs]  # fmt: skip

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from cluster.jobdir import JobDir
 from cluster.launcher.controller import KILL_WAIT_S, Controller
 from cluster.system.poll import WaitTimeout, wait_until
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 if TYPE_CHECKING:  # types only: the docker backend, below the spec, is handed these as data
     from cluster.plan import Plan

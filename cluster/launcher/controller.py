@@ -31,7 +31,7 @@ from cluster.launcher.outcome import TIME_LIMIT
 from cluster.system import processes
 from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
-from train.protocol import master_port_for_job, parse_time_limit_signal
+from train.contract.protocol import master_port_for_job, parse_time_limit_signal
 
 if TYPE_CHECKING:  # types only: the backends, below the spec, are handed these as data
     from cluster.plan import Plan

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from cluster.jobdir import JobDir
 from cluster.logs.scan import parse_stamp
 from cluster.logs.stacks import compress
-from train.protocol import STAMP_LENGTH, STAMPED, read_whole
+from train.contract.protocol import STAMP_LENGTH, STAMPED, read_whole
 
 WAIT_S = 3.0  # wall seconds a line waits for the ranks that have not written it
 SILENT_WAIT_S = 30.0  # ... where one of them has written nothing yet (it starts late, on a loaded node)

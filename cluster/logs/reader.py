@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from cluster.jobdir import JobDir
 from cluster.logs.scan import scan_log
 from cluster.logs.series import last_values, loss_of
-from train.protocol import metrics_name, read_records, recent_records, record_name
+from train.contract.protocol import metrics_name, read_records, recent_records, record_name
 
 # Records a rank writes while it makes progress: its failure comes after the last of them.
 PROGRESS_EVENTS = ("start", "resume", "first_step", "step")
@@ -86,7 +86,7 @@ def read_rank(job_dir: JobDir, names: set[str], rank: int, slot: dict, keep_step
             ended.get("exit_code") == 0 and not ended.get("terminated")
         )
         ev.latest = latest or None
-    # A program's last step, kept at every step (train.protocol.ProgressFile): its step records
+    # A program's last step, kept at every step (train.contract.protocol.ProgressFile): its step records
     # come at powers of two or every few seconds, and none when the watchdog or a signal ends it.
     last = job_dir.progress(rank, names)
     if last is not None and last[2] == ev.pid and last[0] > (ev.last_step or 0):

@@ -26,7 +26,7 @@ class RankReport:
     last_step: int | None = None
     failed_step: int | None = None  # the step it raised in, where the trainer said
     last_loss: float | None = None
-    median_step_ms: float | None = None  # of its recent steps (train.protocol.recent_records)
+    median_step_ms: float | None = None  # of its recent steps (train.contract.protocol.recent_records)
     last_time: float | None = None
     last_progress: float | None = None  # its last step's time (its start's, before one)
     attempts: int = 1

@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from cluster.logs.stacks import LIBRARY_PATH, stack_in
-from train.protocol import LEFTOVERS, STAMP_LENGTH, STAMPED, strip_stamp
+from train.contract.protocol import LEFTOVERS, STAMP_LENGTH, STAMPED, strip_stamp
 
 # What "Traceback (most recent call last):" and faulthandler's "(most recent call first):"
 # (stack dumps on SIGTERM, fatal signals, snapshots, the stall watchdog) have in common.
@@ -35,7 +35,7 @@ TAIL_FIRST = 8192
 
 
 def parse_stamp(line: bytes) -> float | None:
-    """The time of a stamped line (local time, as ``train.protocol.stamp`` wrote it)."""
+    """The time of a stamped line (local time, as ``train.contract.protocol.stamp`` wrote it)."""
     try:
         return datetime.fromisoformat(line[: STAMP_LENGTH - 1].decode()).timestamp()
     except (ValueError, UnicodeDecodeError):

@@ -1,5 +1,5 @@
 """A job's metric series by step: the built-in trainer's from its step records, a program's
-from its metrics files (``train.metrics``: what it printed, read by the rank's output stamper).
+from its metrics files (``train.contract.metrics``: what it printed, read by the rank's output stamper).
 
 What a 16,384-rank job costs: every rank keeps its own series (its file holds at most a record
 per step, never more than the lines it was read from), and a reader takes rank 0's whole and,
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 from cluster.jobdir import JobDir
-from train.metrics import parse_line, read_value
-from train.protocol import metrics_name, parse_records, read_whole, strip_stamp
+from train.contract.metrics import parse_line, read_value
+from train.contract.protocol import metrics_name, parse_records, read_whole, strip_stamp
 
 # The built-in trainer's step records: these fields are not metrics (step time has its own view)
 NOT_METRICS = {"event", "rank", "time", "step", "final", "state_bytes", "step_ms", "samples_per_s", "preempted"}

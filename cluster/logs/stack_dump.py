@@ -13,8 +13,8 @@ from cluster.logs import stacks
 from cluster.logs.triage import inspect, job_is_running
 from cluster.system.poll import WaitTimeout, wait_until
 from cluster.system.processes import py_spy
-from train.errors import ConfigError
-from train.protocol import DUMP_SIGNAL
+from train.contract.errors import ConfigError
+from train.contract.protocol import DUMP_SIGNAL
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.jobdir import load_plain
-from train.protocol import FLIGHT_RECORDER_PREFIX, STALL_HEADER, STAMPED_BYTES, strip_stamp
+from train.contract.protocol import FLIGHT_RECORDER_PREFIX, STALL_HEADER, STAMPED_BYTES, strip_stamp
 
 FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+),? in (?P<func>\S+)')
 LIBRARY_PATH = re.compile(r"site-packages|dist-packages|/lib/python3\.\d+/|<frozen ")
@@ -34,7 +34,7 @@ COLLECTIVE_PATH = re.compile(r"torch/distributed/|torch/autograd/")
 # a collective only as the innermost frame, for DDP's forward also wraps the model's compute.
 DDP_INNERMOST = re.compile(r"torch/nn/parallel/distributed\.py")
 TRACEBACK = b"Traceback (most recent call last):"
-# The stall watchdog's header (faulthandler's, ``train.protocol.STALL_HEADER``), wherever in a
+# The stall watchdog's header (faulthandler's, ``train.contract.protocol.STALL_HEADER``), wherever in a
 # line it starts: after a progress bar's "\r" update it can share the bar's line.
 STALL_LINE = re.compile(re.escape(STALL_HEADER) + r"\d+:\d\d:\d\d(?:\.\d+)?\)!")
 STALL_LINE_BYTES = re.compile(STALL_LINE.pattern.encode())
@@ -60,11 +60,14 @@ DETAIL_LABEL = re.compile(
 HANG_ERROR = re.compile(r"monitoredBarrier|Detected mismatch between collectives|[Tt]imed out|Timeout|Watchdog caught")
 ROOT = str(Path(__file__).resolve().parents[2]) + "/"  # the kit's checkout: frames shown relative to it
 # Where a rank is between its program's end and its exit: the kit's entry points.
-TEARDOWN_FILES = re.compile(r"train/(__main__|runner|shim)\.py$")
+# (runner, shim, functions, agent: their paths before train/ had subpackages, in older jobs' logs.)
+TEARDOWN_FILES = re.compile(r"train/(__main__|trainer/rank_life|rank/shim|runner|shim)\.py$")
 # The kit's own frames around a program (its entry points, python -m's runpy): a traceback's
 # frames shown to a person leave them out unless asked (cluster-kit logs --verbose). Only under
 # the kit's roots (stacks.kit_roots): a user's own train/ package is theirs.
-KIT_ENTRY = re.compile(r"train/(?:__main__|runner|shim|functions|agent)\.py")
+KIT_ENTRY = re.compile(
+    r"train/(?:__main__|trainer/rank_life|rank/(?:shim|function_program|agent)|runner|shim|functions|agent)\.py"
+)
 FRAME_PATH = re.compile(r'(?:File ")?([^"]+?)(?:"|:\d)')  # a traceback's File "p", or a stack label's p:N
 # The outermost frame of a main thread: `python -m ...`, or a script or `python -c`.
 ENTRY_FUNCS = ("_run_module_as_main", "<module>")
@@ -302,7 +305,7 @@ def classify(
 
 
 def describe_groups(groups: list[dict]) -> str:
-    """'3 ranks waiting in backward at train/loop.py:141 in forward_backward; rank 2 at ...'"""
+    """'3 ranks waiting in backward at train/trainer/loop.py:141 in forward_backward; rank 2 at ...'"""
     parts = []
     for g in groups:
         n = len(g["ranks"])
@@ -325,7 +328,7 @@ def compress(ranks: list[int]) -> str:
 
 def flight_recorder(files: list[Path]) -> dict | None:
     """NCCL's flight-recorder dumps (one pickle per rank, written by torch on a collective
-    timeout, see ``train.hangs.collective_checks``): each rank's last collective sequence
+    timeout, see ``train.rank.hangs.collective_checks``): each rank's last collective sequence
     number. Ranks behind the others never issued the collective the others wait in.
     (``files``: the job's own, written by its ranks; torch's fr_trace reads them alike.)"""
     last: dict[int, int] = {}

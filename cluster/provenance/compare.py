@@ -17,8 +17,8 @@ from cluster.provenance.reading import code_line, provenance
 from cluster.provenance.snapshot import manifest_of, project_now
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.table import job_outcome
-from train.errors import ConfigError
-from train.protocol import installed_packages
+from train.contract.errors import ConfigError
+from train.contract.protocol import installed_packages
 
 NOW = "now"  # the working tree, as a snapshot would take it now
 POINT = re.compile(r"^(?P<sweep>.+?)(?::(?P<index>\d+)|/p(?P<dir>\d{4}))/?$")

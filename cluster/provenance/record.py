@@ -26,7 +26,7 @@ import orjson
 from cluster.jobdir import CODE_DIFF, PACKAGES, PROVENANCE, SPEC_WRITTEN
 from cluster.provenance.snapshot import Snapshot
 from cluster.spec import JobSpec
-from train.protocol import installed_packages, runtime_versions
+from train.contract.protocol import installed_packages, runtime_versions
 
 
 @functools.cache

@@ -32,9 +32,10 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cluster.provenance.program import program_file, program_location
 from cluster.spec import JobSpec
-from cluster.system.kit import KIT_ROOT, installed
-from train.errors import ConfigError
+from cluster.system.kit import KIT_ROOT
+from train.contract.errors import ConfigError
 
 STORE = ".snapshots"  # under the log root
 ALWAYS_EXCLUDED = (
@@ -361,32 +362,6 @@ def manifest_of(tree: str | Path) -> dict[str, list]:
     return json.loads(Path(tree).with_suffix(".json").read_text())
 
 
-def program_location(spec: JobSpec, code_file: str = "") -> Path | None:
-    """The directory of the program's code; None for installed software (the kit installed
-    with pip, a command on PATH), which the package list and the image record instead."""
-    p = spec.program
-    if p is None:  # the built-in trainer: the kit's own train package, beside this one
-        where = Path(__file__).resolve().parents[2] / "train"
-    elif p.kind == "script":
-        where = Path(p.script).resolve().parent
-    elif p.kind in ("module", "function"):
-        from cluster.checks import find_module  # here: reading the program is the submission's, not a reader's
-
-        origin = find_module(f"program.{p.kind}", p.target.partition(":")[0]).origin
-        if not origin or not os.path.isabs(origin):
-            return None  # built into Python
-        where = Path(origin).resolve().parent
-        if where.is_relative_to(Path.cwd().resolve()):
-            where = Path.cwd().resolve()  # the import root: a package's parent, as `python -m` finds it
-    elif p.kind == "command":
-        if "/" not in p.command:
-            return None  # on PATH: installed, not the project's
-        where = Path(p.command).resolve().parent
-    else:  # a Python function (cluster.submit(fn)): its file, else where it was submitted from
-        where = Path(code_file).resolve().parent if code_file and Path(code_file).is_file() else Path.cwd().resolve()
-    return None if installed(where) else where
-
-
 def snapshot_for(spec: JobSpec, code_file: str = "", write: bool = True) -> Snapshot | None:
     """The job's snapshot; None: ``snapshot: false``, or installed code. The program's own file
     must be in it: one a rule left out is bad input naming the rule (``left_out``)."""
@@ -394,22 +369,6 @@ def snapshot_for(spec: JobSpec, code_file: str = "", write: bool = True) -> Snap
         return None
     required = program_file(spec)
     return take(location, Path(spec.log_dir), tuple(spec.snapshot.exclude), spec.snapshot.max_mb, write, required)
-
-
-def program_file(spec: JobSpec) -> tuple[str, Path] | None:
-    """(the spec's key, the file) of the program's own file, which every rank runs from the
-    snapshot: a script, a module's source, a command given by its path; None otherwise."""
-    p = spec.program
-    if p is None or p.kind in ("submitit",):
-        return None
-    if p.kind == "script":
-        return "program.script", Path(p.script).resolve()
-    if p.kind == "command":
-        return ("program.command", Path(p.command).resolve()) if "/" in p.command else None
-    from cluster.checks import find_module  # here: as program_location
-
-    origin = find_module(f"program.{p.kind}", p.target.partition(":")[0]).origin
-    return (f"program.{p.kind}", Path(origin).resolve()) if origin and os.path.isabs(origin) else None
 
 
 def left_out(rel: str, root: Path, in_git: bool, exclude: tuple[str, ...], log_root: Path) -> str:

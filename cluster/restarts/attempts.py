@@ -3,7 +3,7 @@
 
 How a restart works, end to end:
 - submission renders a loop into the batch script (``cluster.render``): each pass runs one
-  attempt's step on the nodes this module chose, with ``KIT_ATTEMPT`` (``train.protocol.ATTEMPT_VAR``)
+  attempt's step on the nodes this module chose, with ``KIT_ATTEMPT`` (``train.contract.protocol.ATTEMPT_VAR``)
   naming the attempt's logs (``rank_00003.attempt1.log``);
 - ``start`` records the first attempt (after a requeue: the next one, on the nodes not excluded);
 - after a failed attempt, ``next_attempt`` triages it (``the_failure``: ``cluster.logs``' first
@@ -28,7 +28,7 @@ from cluster.jobdir import JobDir
 from cluster.logs.triage import inspect
 from cluster.restarts.history import append, history, restarts_used
 from cluster.restarts.policy import decide, restart_needs
-from train.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step, never_joined, never_joined_message
+from train.contract.protocol import DETERMINISTIC_EXIT, latest_checkpoint_step, never_joined, never_joined_message
 
 
 class Allocation(Protocol):

@@ -16,7 +16,7 @@ import json
 import time
 
 from cluster.jobdir import JobDir
-from train.protocol import read_records
+from train.contract.protocol import read_records
 
 # What cluster.restarts.attempts says goes to the batch script's output (slurm-<id>.log), each line
 # prefixed; before each restart it says "restart N of M ...": srun's words about the tasks of

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from cluster.restarts.history import restarts_used
-from train.protocol import parse_time_limit_signal
+from train.contract.protocol import parse_time_limit_signal
 
 # Failures no restart can mend: the program cannot start, or its configuration is wrong.
 NOT_RESTARTABLE = re.compile(r"\b(ModuleNotFoundError|ImportError|SyntaxError|IndentationError|ConfigError)\b")

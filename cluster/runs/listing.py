@@ -27,8 +27,8 @@ from cluster.backends.base import STATES
 from cluster.jobdir import PLAN, TRAIN_CONFIG, JobDir
 from cluster.logs.series import NOT_METRICS, last_step, loss_name, program_values
 from cluster.sweeps.directory import SWEEP
-from train.errors import ConfigError
-from train.protocol import metrics_name, parse_records, progress_name, read_progress
+from train.contract.errors import ConfigError
+from train.contract.protocol import metrics_name, parse_records, progress_name, read_progress
 
 INDEX = ".kit-runs.json"  # under the log root: the lines of ended jobs, by directory
 INDEX_VERSION = 2  # 2: failures name paths as the user wrote them

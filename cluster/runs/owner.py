@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cluster.backends import JobRef
 from cluster.jobdir import JobDir
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 OWNER = ".kit-job"  # in the checkpoint directory: the path of the job directory that writes it
 

@@ -25,9 +25,15 @@ from cluster.provenance.snapshot import Snapshot
 from cluster.spec import JobSpec
 from cluster.submission import code_of, load_spec
 from cluster.submission import submit as submit_loaded
-from train.config import build, read_yaml
-from train.errors import ConfigError
-from train.protocol import DETERMINISTIC_EXIT, TIME_LIMIT_CAME, latest_checkpoint_step, progress_name, read_progress
+from train.contract.config import build, read_yaml
+from train.contract.errors import ConfigError
+from train.contract.protocol import (
+    DETERMINISTIC_EXIT,
+    TIME_LIMIT_CAME,
+    latest_checkpoint_step,
+    progress_name,
+    read_progress,
+)
 
 
 def submitted_again(

@@ -22,7 +22,7 @@ from cluster.sweeps.directory import Sweep
 from cluster.sweeps.table import ended, sweep_table
 from cluster.system.kit import kit_env
 from cluster.system.poll import wait_until
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 SUFFIX = ":best"
 LOG = "best-rerun.log"

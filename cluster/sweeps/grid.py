@@ -34,8 +34,8 @@ from cluster.submission import dry_run as dry_run_loaded
 from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides
 from cluster.system import processes
 from cluster.system.kit import kit_env
-from train.config import parse_override
-from train.errors import ConfigError
+from train.contract.config import parse_override
+from train.contract.errors import ConfigError
 
 
 def split_values(key: str, raw: str) -> list[str]:

@@ -4,7 +4,7 @@ point, its first failing rank; the best point by a metric.
 
 Metrics: the built-in trainer's, from rank 0's step records (the last value of each); a
 program's, the last value of each metric rank 0 printed (``cluster.logs.series``: its metrics
-file, read from its lines by the kit in any shape ``train.metrics`` knows)."""
+file, read from its lines by the kit in any shape ``train.contract.metrics`` knows)."""
 
 from __future__ import annotations
 

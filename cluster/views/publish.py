@@ -16,7 +16,7 @@ from cluster.views import charts
 from cluster.views.job_page import PAGE, Reading, write_job_page
 from cluster.views.render import render, write_page
 from cluster.views.tensorboard import KitEvents, hparams_of
-from train.protocol import TENSORBOARD
+from train.contract.protocol import TENSORBOARD
 
 
 def publish_job(

@@ -19,7 +19,7 @@ from cluster.views import charts
 from cluster.views.job_page import PAGE
 from cluster.views.render import render, write_page
 from cluster.views.tensorboard import KitEvents
-from train.protocol import TENSORBOARD
+from train.contract.protocol import TENSORBOARD
 
 INDEX_PAGE = "index.html"
 

@@ -1,8 +1,8 @@
 """The kit's TensorBoard events of a job, in ``<job dir>/tensorboard/`` beside the built-in
-trainer's own (rank 0 writes its loss and metrics as it trains: ``train.tensorboard``), so that
+trainer's own (rank 0 writes its loss and metrics as it trains: ``train.trainer.tensorboard``), so that
 ``tensorboard --logdir runs/`` shows every job and sweep point:
 
-    metrics/<name>          a program's series, rank 0's (what it printed: ``train.metrics``)
+    metrics/<name>          a program's series, rank 0's (what it printed: ``train.contract.metrics``)
     step_time_ms/median     the ranks' median step time at each of rank 0's logged steps
     step_time_ms/slowest    the slowest rank's
     goodput/ettr            the job's effective training time ratio (``cluster.goodput.ledger``)

@@ -46,7 +46,7 @@ def test_fit_keeps_the_fixed_cost_non_negative():
 def test_kernel_seconds_times_each_layers_three_matmuls_at_this_size(monkeypatch):
     """What is timed, not how fast it ran (timings belong to the benchmark): the timer is
     replaced by the FLOPs of the call it would time, so the sum is exactly known."""
-    from train.config import ModelConfig
+    from train.contract.config import ModelConfig
 
     flops = lambda op: 2.0 * op.args[0].shape[0] * op.args[0].shape[1] * op.args[1].shape[1]  # noqa: E731
     monkeypatch.setattr(kernels, "seconds_per_call", flops)
@@ -71,8 +71,8 @@ def test_dp_payoff_interpolates_where_two_ranks_start_to_win():
 
 
 def test_grid_has_four_model_sizes_over_three_orders_of_magnitude():
-    from train.config import ModelConfig
-    from train.model import parameter_count
+    from train.contract.config import ModelConfig
+    from train.trainer.model import parameter_count
 
     for grid in (QUICK, FULL):
         sizes = [parameter_count(ModelConfig(dim_hidden=h)) for h in grid["dim_hidden"]]
@@ -123,7 +123,7 @@ def test_quick_study_prints_points_and_a_fit_that_predicts_held_out_points(tmp_p
 
 
 def test_averaging_break_even_is_the_allreduce_over_the_compute_the_smaller_batch_saves():
-    from train.config import ModelConfig
+    from train.contract.config import ModelConfig
 
     model = ModelConfig(dim_hidden=256)
     fit = {"t0_ms": 0.5, "k": 1.2}

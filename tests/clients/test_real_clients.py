@@ -29,8 +29,8 @@ from tests.support.jobs import (
     wait_leftovers_ended,
     wait_nothing_left,
 )
-from train.output import STAMPER_GONE
-from train.protocol import LEFTOVERS, STAMPED
+from train.contract.protocol import LEFTOVERS, STAMPED
+from train.rank.output import STAMPER_GONE
 
 pytestmark = pytest.mark.clients
 
@@ -234,7 +234,7 @@ def test_hugging_faces_loss_is_a_series_in_its_page_and_tensorboard_with_the_poi
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.unit.test_page import scalars
-    from train.protocol import TENSORBOARD
+    from train.contract.protocol import TENSORBOARD
 
     _, sweep_dir, table = jobs["sweep"]
     assert (sweep_dir / "page.html").exists()
@@ -268,9 +268,9 @@ def rank_lines(text: str) -> dict[int, set[str]]:
 
 
 def stamper_of(pid: int) -> int:
-    """The rank's stamper process: its child running train.stamper."""
+    """The rank's stamper process: its child running train.rank.stamper."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return next(int(c) for c in children if b"train.stamper" in Path(f"/proc/{c}/cmdline").read_bytes())
+    return next(int(c) for c in children if b"train.rank.stamper" in Path(f"/proc/{c}/cmdline").read_bytes())
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from cluster.spec import JobSpec
 from cluster.submission import load_spec
 from tests.conftest import ROOT, run_module
 from tests.support.bad_specs import BAD
-from train.config import load
-from train.errors import ConfigError
+from train.contract.config import load
+from train.contract.errors import ConfigError
 
 JOBS = sorted((ROOT / "jobs").glob("*.yaml"))
 GOLDEN = ROOT / "tests" / "golden"
@@ -185,7 +185,7 @@ def test_the_ranks_of_a_restart_start_from_each_nodes_standby(overrides, warm):
     s = spec(*overrides, path=ROOT / "jobs/multi_node.yaml")
     plan = make_plan(s)
     text = render(s, plan, make_request(s, plan, PYTHON))
-    assert ("train.standby serve &" in text) == warm and ("-m train.standby run -- " in text) == warm
+    assert ("train.rank.standby serve &" in text) == warm and ("-m train.rank.standby run -- " in text) == warm
     if warm:  # every node, the spares too, one task each with the node's CPUs and GPUs
         assert '"--nodes=$SLURM_JOB_NUM_NODES" "--ntasks=$SLURM_JOB_NUM_NODES" --ntasks-per-node=1' in text
         assert "--cpus-per-task=32 --gpus-per-node=4" in text

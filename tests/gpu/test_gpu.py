@@ -20,10 +20,10 @@ from tests.conftest import ROOT, docker_engine, torchrun
 from tests.support.gpu import cuda
 from tests.support.jobs import submit
 from tests.support.strategies import BASE, max_diff, run_strategy, train_here
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.parallel.common import full_parameters
-from train.protocol import read_records, record_name
+from train.contract.config import Config, load
+from train.contract.protocol import read_records, record_name
+from train.rank.dist_env import DistEnv
+from train.trainer.parallel.common import full_parameters
 
 GPU_ATOL = 1e-5
 
@@ -126,8 +126,8 @@ def test_the_loaders_yield_the_samplers_batches_on_cuda():
     """The CPU test's comparison on CUDA: the data set on the device with indices there, and on
     the host through pinned buffers and a side stream, against the host's own gather."""
     from tests.unit.test_loader import MODEL, SMALL, batches_equal, expected
-    from train.data import ShardedSampler, make_dataset
-    from train.loader import ResidentLoader, StagedLoader
+    from train.trainer.data import ShardedSampler, make_dataset
+    from train.trainer.loader import ResidentLoader, StagedLoader
 
     device = torch.device("cuda:0")
     host = make_dataset(SMALL, MODEL, device, store="cpu")

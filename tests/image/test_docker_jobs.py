@@ -18,7 +18,7 @@ from cluster.system.poll import wait_until
 from tests.conftest import ROOT, docker_engine, run_module
 from tests.support.docker_jobs import SPEC, TWO_BY_TWO
 from tests.support.jobs import cancel, job_running, logs_json, submit, wait_for_line, wait_for_step
-from train.protocol import read_records
+from train.contract.protocol import read_records
 
 # multi_node.yaml's 8 threads per rank suit a GPU node's CPUs; 4 ranks x 8 threads on CI's 2
 # cores thrash (100 steps: 103 s beside `yes`). The containers and files are the same with 1.
@@ -72,8 +72,9 @@ def test_a_python_function_runs_in_every_node_container_and_returns_by_rank(imag
     import cluster
     from tests.support.functions import main_scope
 
-    job = cluster.submit(main_scope()["ranks_sum"], "d", spec=SPEC, cluster="docker", nodes=2, tasks_per_node=1,
-                         gpus_per_node=0, log_dir=str(tmp_path), **{"container.image": image})  # fmt: skip
+    job = cluster.submit(main_scope()["ranks_sum"], "d", spec=SPEC, overrides={
+        "cluster": "docker", "nodes": 2, "tasks_per_node": 1, "gpus_per_node": 0, "log_dir": str(tmp_path),
+        "container.image": image})  # fmt: skip
     values = job.results(timeout=300)
     plan = json.loads((job.job_dir / "plan.json").read_text())
     assert [v["host"] for v in values] == [slot["host"] for slot in plan["ranks"]]

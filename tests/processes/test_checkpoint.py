@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import torchrun
 from tests.support.checkpoint import BASE, params_after
 from tests.support.strategies import ATOL, max_diff, run_strategies, run_strategy
-from train.protocol import read_records, record_name
+from train.contract.protocol import read_records, record_name
 
 # 4-rank DDP: bucket layout must not change at resume (ddp.settle_buckets); pipeline: stages'
 # optimizer groups must not be deduplicated (checkpoint._options): either breaks resume.
@@ -138,7 +138,7 @@ def test_per_rank_optimizer_state_is_refused_on_another_rank_count_naming_what_t
 
 @pytest.mark.slow
 def test_a_larger_tensor_dimension_than_saved_is_refused(saved):
-    """tp=2 -> tp=4 loads the state bitwise and then drifts (train/checkpoint.load)."""
+    """tp=2 -> tp=4 loads the state bitwise and then drifts (train.trainer.checkpoint.load)."""
     out = saved / "tp"
     result = torchrun(4, "train", "parallel.strategy=tp", *RESHARD, "train.steps=20", f"train.run_dir={out}")
     assert "saved with tensor parallelism tp=2; resuming at tp=4" in result.stderr, result.stderr[-3000:]

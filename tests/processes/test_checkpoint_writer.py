@@ -18,8 +18,8 @@ from cluster.system.poll import wait_until
 from cluster.system.processes import alive, children, command_line
 from tests.conftest import ROOT, free_port, run_module
 from tests.support.jobs import cancel, job_running, submit, wait_for_step
-from train.checkpoint import latest
-from train.protocol import read_records, record_name
+from train.contract.protocol import read_records, record_name
+from train.trainer.checkpoint import latest
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def waiting_on_its_save(rank_pid: int) -> bool:
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
     dump = subprocess.run([spy, "dump", "--pid", str(rank_pid)], capture_output=True, text=True, timeout=60)
     main = dump.stdout.split("\nThread ")[1] if "\nThread " in dump.stdout else ""
-    return "finish (train/checkpoint.py" in main
+    return "finish (train/trainer/checkpoint.py" in main
 
 
 def kill_mid_save(records: Path, ckpt_dir: Path, running) -> tuple[int, int]:

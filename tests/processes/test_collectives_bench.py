@@ -3,7 +3,7 @@ import json
 import pytest
 
 from tests.conftest import run_module, torchrun
-from train.collectives import parse_size, sizes_between
+from train.preflight.collectives import parse_size, sizes_between
 
 pytestmark = pytest.mark.slow
 
@@ -14,7 +14,7 @@ def test_size_parsing():
 
 
 def test_collectives_are_correct_and_swept():
-    result = torchrun(3, "train.collectives", "--json", "--max-bytes=64KiB")
+    result = torchrun(3, "train.preflight.collectives", "--json", "--max-bytes=64KiB")
     assert result.returncode == 0, result.stderr[-3000:]
     out = json.loads(result.stdout)
     assert out["world_size"] == 3 and len(out["checked"]) == 7

@@ -10,8 +10,8 @@ import torch.distributed as dist
 from tests.conftest import run_module
 from tests.support.dist_worker import probe_init
 from tests.support.strategies import ATOL, BASE, launcher_per_rank_count, max_diff, single_params, trained_params
-from train.config import Config, load
-from train.dist_env import DistEnv, init_process_group
+from train.contract.config import Config, load
+from train.rank.dist_env import DistEnv, init_process_group
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 from cluster.system.poll import wait_until
 from tests.conftest import run_module
 from tests.support.jobs import submit, wait_nothing_left
-from train.protocol import read_records, record_name
+from train.contract.protocol import read_records, record_name
 
 pytestmark = pytest.mark.slow
 

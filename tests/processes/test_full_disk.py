@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import run_module
 from tests.support.jobs import submit
-from train.protocol import read_records
+from train.contract.protocol import read_records
 
 pytestmark = pytest.mark.slow
 RUN = ["tasks_per_node=2", "train.batch_size=32", "train.log_every=10", "train.eval_every=1000", "train.steps=120",

@@ -19,12 +19,12 @@ def test_a_function_runs_on_every_local_rank_and_the_first_failing_ranks_traceba
     failed after it, in the barrier), and ``cluster logs`` names rank 3."""
     scope = main_scope()
     local = {"cluster": "local", "tasks_per_node": 4, "log_dir": str(tmp_path)}
-    job = cluster.submit(scope["ranks_sum"], tag="x", **local)  # fn's parameter; the others are the spec's
+    job = cluster.submit(scope["ranks_sum"], tag="x", overrides=local)  # fn's keyword; the spec's overrides
     values = job.results(timeout=300)
     assert [v["rank"] for v in values] == [0, 1, 2, 3] and {(v["sum"], v["tag"]) for v in values} == {(6.0, "x")}
     assert job.result() == values[0] and (job.job_dir / "submitit" / f"{job.job_id}_submitted.pkl").exists()
 
-    failing = cluster.submit(scope["fails_on"], 3, **local)
+    failing = cluster.submit(scope["fails_on"], 3, overrides=local)
     with pytest.raises(cluster.FunctionFailed) as raised:
         failing.result(timeout=300)
     assert raised.value.rank == 3 and "ValueError: rank 3 refuses this input" in raised.value.cause
@@ -39,7 +39,7 @@ def test_a_functions_sweep_runs_every_point_and_tables_rank_0s_return_value(tmp_
     spec's; at most 2 points at once; the point that raises fails alone, with its error; the
     returned ``loss`` is the metric that names the best point."""
     sweep = cluster.sweep(main_scope()["loss_of"], grid={"lr": [0.05, 0.1, 1.0], "tasks_per_node": [1, 2]},
-                          offset=0.5, cluster="local", log_dir=str(tmp_path), max_parallel=2)  # fmt: skip
+                          offset=0.5, overrides={"cluster": "local", "log_dir": str(tmp_path)}, max_parallel=2)  # fmt: skip
     sweep.wait(timeout=600)
     table = sweep.table(metric="loss")
     rows = {" ".join(r["overrides"]): r for r in table["points"]}

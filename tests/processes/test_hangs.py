@@ -21,7 +21,7 @@ def test_watchdog_fires_while_the_main_thread_holds_the_gil_in_c():
     faulthandler's C timer still dumps and exits."""
     code = (
         "import re, sys\n"
-        "from train.hangs import StallWatchdog\n"
+        "from train.rank.hangs import StallWatchdog\n"
         "w = StallWatchdog(1.0)\n"
         "w.start()\n"
         "def stuck_in_c():\n"

@@ -10,11 +10,11 @@ import pytest
 
 from tests.conftest import run_module, torchrun
 from tests.support.strategies import ATOL, BASE, launcher_per_rank_count, max_diff, single_params
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.loop import setup, train
-from train.model import build_mlp
-from train.parallel.common import full_parameters
+from train.contract.config import Config, load
+from train.rank.dist_env import DistEnv
+from train.trainer.loop import setup, train
+from train.trainer.model import build_mlp
+from train.trainer.parallel.common import full_parameters
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import torchrun
 from tests.support.strategies import launcher_per_rank_count, max_diff, run_strategy, single_params
-from train import checkpoint
+from train.trainer import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def test_plain_sgd_equals_single_process(tmp_path, launched):
 def test_momentum_equals_single_process_although_local_states_differ(tmp_path, launched):
     """Momentum 0.9, K = 1: each rank's momentum buffer is its own (they differ), yet the
     averaged parameters equal one process's, because the buffer is linear in the gradients
-    (train/parallel/param_avg.py). The notes' doubt holds for Adam (next test), not for SGD."""
+    (train/trainer/parallel/param_avg.py). The notes' doubt holds for Adam (next test), not for SGD."""
     reference = single_params64(tmp_path, "optim.momentum=0.9")
     params, probes, _ = launched("momentum")
     diff = max_diff(params[0], reference)

@@ -9,7 +9,7 @@ from cluster.render import render
 from cluster.request import make_request
 from cluster.spec import JobSpec
 from tests.conftest import ROOT, free_port, run_module
-from train.config import load
+from train.contract.config import load
 
 pytestmark = pytest.mark.slow
 

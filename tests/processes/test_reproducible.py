@@ -84,7 +84,7 @@ def final_loss(job_dir) -> str:
 
 def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(kit):
     root, job_a = kit
-    loop = root / "train/loop.py"
+    loop = root / "train/trainer/loop.py"
     old = "stall watchdog: stacks to this log"
     loop.write_text(loop.read_text().replace(old, "stall watchdog (edited): stacks to this log"))  # one line
     b, info = submit_in(root, root / "runs" / "b", "optim.lr=0.05")
@@ -93,7 +93,7 @@ def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(
     assert "stall watchdog (edited)" in (job_b / "rank_00000.log").read_text()
     assert "stall watchdog (edited)" not in (job_a / "rank_00000.log").read_text()
     result = json.loads(run_module("cluster", "diff", str(job_a), str(job_b), "--json", cwd=root).stdout)
-    assert [f["path"] for f in result["code"]["files"]] == ["train/loop.py"]
+    assert [f["path"] for f in result["code"]["files"]] == ["train/trainer/loop.py"]
     hunk = result["code"]["files"][0]
     edited = [line for line in hunk["diff"].splitlines() if line.startswith("+") and "stall watchdog (edited)" in line]
     assert (hunk["added"], hunk["removed"]) == (1, 1) and edited and 'f"stall watchdog (edited): stacks' in edited[0]
@@ -104,7 +104,7 @@ def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(
     assert "optim.lr: 0.1 -> 0.05" in text and "metrics.test_loss:" in text and "packages: the same" in text
     now = run_module("cluster", "diff", str(job_a), "--stat", cwd=root)  # against the working tree now
     assert now.returncode == 0, now.stderr
-    assert "code: 1 file(s) differ\n  modified train/loop.py  +1 -1\npackages: the same" in now.stdout
+    assert "code: 1 file(s) differ\n  modified train/trainer/loop.py  +1 -1\npackages: the same" in now.stdout
     line = run_module("cluster", "logs", str(job_b), cwd=root).stdout.splitlines()
     assert any(x.startswith("code ") and "+ 1 changed file (snapshot " in x and "+ 7 overrides" in x for x in line), (
         line
@@ -113,7 +113,9 @@ def test_diff_of_two_jobs_shows_the_edited_hunk_the_changed_key_and_both_losses(
 
 def test_rerun_of_a_finished_job_gives_the_same_final_loss_from_its_own_code(kit):
     root, job_a = kit
-    (root / "train/loop.py").write_text((root / "train/loop.py").read_text().replace("stall watchdog", "edited"))
+    (root / "train/trainer/loop.py").write_text(
+        (root / "train/trainer/loop.py").read_text().replace("stall watchdog", "edited")
+    )
     rerun = run_module("cluster", "rerun", str(job_a), "--json", cwd=root, env={"PYTHONPATH": ""})
     assert rerun.returncode == 0, rerun.stderr
     job = json.loads(rerun.stdout)

@@ -13,7 +13,7 @@ from cluster.api import SweepJob
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.jobs import cancel, submit, wait_for_line, wait_for_step, wait_nothing_left
-from train.protocol import CHECKPOINTS, read_records
+from train.contract.protocol import CHECKPOINTS, read_records
 
 pytestmark = pytest.mark.slow
 SMALL = ["tasks_per_node=2", "train.batch_size=32", "train.log_every=10", "train.eval_every=1000"]

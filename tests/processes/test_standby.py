@@ -1,4 +1,4 @@
-"""Warm restarts' standby (``train.standby``), a real one on this machine as SLURM would start it
+"""Warm restarts' standby (``train.rank.standby``), a real one on this machine as SLURM would start it
 on a node: a rank it forks gets the task's descriptors, environment, directory and umask, runs
 its module as ``python -m`` would, and its end (an exit code, a signal) is its task's; SIGTERM to
 the task reaches the rank once, a cancel's SIGTERM to every step too; a task killed takes its rank
@@ -33,7 +33,7 @@ def standing_by(where):
            "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
     log = where / "standby.log"
     with open(log, "w") as out:
-        standby = subprocess.Popen([sys.executable, "-P", "-m", "train.standby", "serve"], env=env, stdout=out,
+        standby = subprocess.Popen([sys.executable, "-P", "-m", "train.rank.standby", "serve"], env=env, stdout=out,
                                    stderr=subprocess.STDOUT, cwd=where)  # fmt: skip
     try:
         wait_for_line(log, "warm in", timeout=300)
@@ -59,8 +59,8 @@ def own_node(tmp_path):
 
 
 def task(env: dict, cwd, *args: str, umask: int = -1) -> subprocess.Popen:
-    """An attempt's task: the rank's command behind ``train.standby run``."""
-    return subprocess.Popen([sys.executable, "-P", "-m", "train.standby", "run", "--", *CHILD, *args], env=env,
+    """An attempt's task: the rank's command behind ``train.rank.standby run``."""
+    return subprocess.Popen([sys.executable, "-P", "-m", "train.rank.standby", "run", "--", *CHILD, *args], env=env,
                             cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             umask=umask)  # fmt: skip
 

@@ -14,7 +14,7 @@ import pytest
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, free_port
 from tests.support.jobs import logs_json, submit, wait_for_line, wait_for_step
-from train.protocol import CHECKPOINTS, latest_checkpoint_step, read_records
+from train.contract.protocol import CHECKPOINTS, latest_checkpoint_step, read_records
 
 pytestmark = pytest.mark.slow
 # A one-minute limit with the signal 52 s before it: the signal comes about 8 s in.

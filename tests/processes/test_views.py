@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT, run_module
 from tests.support.jobs import logs_json, submit, wait_for_step
 from tests.unit.test_page import scalars
-from train.protocol import TENSORBOARD
+from train.contract.protocol import TENSORBOARD
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from tests.conftest import ROOT, run_module, torchrun
 from tests.support.bad_specs import BAD
 from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.support.repos import SCRIPT, make_repo
-from train.protocol import DETERMINISTIC_EXIT, read_records
+from train.contract.protocol import DETERMINISTIC_EXIT, read_records
 
 pytestmark = pytest.mark.slurm
 # The minicluster has 4 CPUs and little memory per node: ask for what it has.
@@ -348,10 +348,12 @@ def test_functions_through_submitit_return_raise_and_requeue_at_their_time_limit
     # over. (A signal before the function has started is the shim's: noted, the function runs on.)
     limited = {**two, "nodes": 1, "time": "00:02:00", "signal": "USR2@30", "requeue": True, "name": "limited"}
     jobs = {
-        "limited": cluster.submit(scope["UntilRequeued"](), **limited),
-        "sum": cluster.submit(scope["ranks_sum"], "t", **two, name="sum"),
-        "fails": cluster.submit(scope["fails_on"], 3, **two, name="fails"),
-        "restarts": cluster.submit(scope["dies_once"], **{**two, "nodes": 1, "restarts": 1, "name": "restarts"}),
+        "limited": cluster.submit(scope["UntilRequeued"](), overrides=limited),
+        "sum": cluster.submit(scope["ranks_sum"], "t", overrides={**two, "name": "sum"}),
+        "fails": cluster.submit(scope["fails_on"], 3, overrides={**two, "name": "fails"}),
+        "restarts": cluster.submit(
+            scope["dies_once"], overrides={**two, "nodes": 1, "restarts": 1, "name": "restarts"}
+        ),
     }
     try:
         values = jobs["sum"].results(timeout=300)
@@ -373,7 +375,7 @@ def test_functions_through_submitit_return_raise_and_requeue_at_their_time_limit
     assert report["first_failure"]["rank"] == 3 and "rank 3 refuses" in report["first_failure"]["error"]
     for name, overrides in (("sum", two), ("limited", limited)):
         job = jobs[name]
-        golden = cluster.dry_run(print, **{**overrides, "name": name}).split("\n", 1)[1]
+        golden = cluster.dry_run(print, overrides={**overrides, "name": name}).split("\n", 1)[1]
         # the run's id is made at submission: the dry run shows where it goes
         placed = lambda text: text.replace(job.provenance()["run"]["id"], f"{name}-at-submission")  # noqa: B023, E731
         assert golden == placed((job.job_dir / "submitit" / f"{job.job_id}_submission.sh").read_text())
@@ -436,8 +438,8 @@ def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path)
 def final_params(ckpt) -> dict:
     import torch.distributed.checkpoint as dcp
 
-    from train.config import ModelConfig
-    from train.model import build_mlp
+    from train.contract.config import ModelConfig
+    from train.trainer.model import build_mlp
 
     state = {"model": build_mlp(ModelConfig(), 0).state_dict()}
     dcp.load(state, checkpoint_id=ckpt)
@@ -580,7 +582,7 @@ RESTARTS = ["restarts=2", "spare_nodes=1", "train.ckpt_every=50"]
 
 
 def standbys_warm(job_dir: Path, nodes: int = 3) -> None:
-    """Wait until the standby of each node of the allocation is warm (``train.standby``): a
+    """Wait until the standby of each node of the allocation is warm (``train.rank.standby``): a
     restart before that starts cold, as it would without one."""
     for node in range(nodes):
         wait_for_line(job_dir / f"standby_{node}.log", "warm in", timeout=300)

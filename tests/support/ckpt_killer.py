@@ -2,7 +2,7 @@
 
 ``python -m tests.support.ckpt_killer RUN_DIR [--async]``: the second save's DCP shards are
 written, then the process announces "saving" and sleeps inside the save, where the test kills
-it. ``--async``: both through ``train.checkpoint.AsyncSaver`` (the write in DCP's own process),
+it. ``--async``: both through ``train.trainer.checkpoint.AsyncSaver`` (the write in DCP's own process),
 the second killed after it was staged and while its write is in flight, before it is published.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from train import checkpoint
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.loop import setup
+from train.contract.config import Config, load
+from train.rank.dist_env import DistEnv
+from train.trainer import checkpoint
+from train.trainer.loop import setup
 
 run_dir = Path(sys.argv[1])
 cfg = load(Config, None, [f"train.run_dir={run_dir}"])
@@ -41,5 +41,5 @@ def slow_save(*args, **kwargs):
 
 
 checkpoint.save(ckpt, 10, trainable, None)
-dcp.save = slow_save  # train.checkpoint imports DCP when it saves, and finds this
+dcp.save = slow_save  # train.trainer.checkpoint imports DCP when it saves, and finds this
 checkpoint.save(ckpt, 20, trainable, None)

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.config import Config, load
-from train.data import ShardedSampler, make_dataset
-from train.dist_env import from_environ, init_process_group
-from train.loop import check_replicas, param_dtype, setup, train, training_data
-from train.model import build_mlp
-from train.output import leave
-from train.parallel.common import full_parameters
-from train.parallel.mesh import needs_process_group
+from train.contract.config import Config, load
+from train.contract.strategies import needs_process_group
+from train.rank.dist_env import from_environ, init_process_group
+from train.rank.output import leave
+from train.trainer.data import ShardedSampler, make_dataset
+from train.trainer.loop import check_replicas, param_dtype, setup, train, training_data
+from train.trainer.model import build_mlp
+from train.trainer.parallel.common import full_parameters
 
 
 def probe_grads(cfg, env, trainable, ctx) -> dict:
@@ -107,7 +107,7 @@ def run_one(out: Path, flags: list[str], cfg: Config, env) -> None:
         probe_replicas(trainable, probe)
     train(cfg, env, trainable, ctx, quiet=True)
     if "--probe-replicas" in flags:
-        from train.parallel.param_avg import optimizer_state_tensors
+        from train.trainer.parallel.param_avg import optimizer_state_tensors
 
         state = optimizer_state_tensors(trainable.optimizer)  # none for plain SGD
         probe["optimizer_state"] = torch.cat([t.reshape(-1) for t in state] or [torch.zeros(0)])

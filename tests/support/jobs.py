@@ -11,7 +11,7 @@ from cluster.jobdir import JobDir
 from cluster.system.poll import wait_until
 from cluster.system.processes import alive, command_line
 from tests.conftest import run_module
-from train.protocol import LEFTOVERS, read_records, record_name
+from train.contract.protocol import LEFTOVERS, read_records, record_name
 
 
 def submit(job: str, log_dir: Path, *overrides: str, wait: bool = True, timeout: float = 300):
@@ -49,7 +49,7 @@ def wait_for_line(path: Path, text: str, timeout: float = 60) -> None:
 
 
 def wait_leftovers_ended(log: Path, timeout: float = 300) -> list[int]:
-    """Wait until the rank's stamper has noted what the rank left running (``train.stamper``:
+    """Wait until the rank's stamper has noted what the rank left running (``train.rank.stamper``:
     the job may end a moment before it) and that is gone; return their pids."""
     wait_for_line(log, LEFTOVERS, timeout)
     left = [int(p) for p in re.search(re.escape(LEFTOVERS) + r" \(pid ([\d, ]+)\)", log.read_text())[1].split(", ")]

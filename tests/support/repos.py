@@ -49,7 +49,7 @@ def make_repo(path: Path, files: dict[str, str]) -> Path:
 
 def kit_copy(path: Path) -> Path:
     """The kit's tracked files as a work tree of its own, committed: a copy whose
-    ``train/loop.py`` a test may edit."""
+    ``train/trainer/loop.py`` a test may edit."""
     for rel in git(ROOT, "ls-files").splitlines():
         source = ROOT / rel
         if source.is_file():

@@ -18,10 +18,10 @@ import torch
 
 from tests.conftest import torchrun
 from tests.support.dist_worker import THEN
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.loop import setup, train
-from train.parallel.common import Trainable, full_parameters
+from train.contract.config import Config, load
+from train.rank.dist_env import DistEnv
+from train.trainer.loop import setup, train
+from train.trainer.parallel.common import Trainable, full_parameters
 
 ATOL = 1e-6
 BASE = ["train.steps=20", "train.log_every=10", "train.eval_every=20", "optim.momentum=0.9"]

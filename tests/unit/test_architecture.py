@@ -27,6 +27,17 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
+def module_level_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports when it is imported (not those its functions import on use)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found
+
+
 def files(*folders: str) -> list[Path]:
     found = [(ROOT / f).rglob("*.py") if (ROOT / f).is_dir() else [ROOT / f] for f in folders]
     return sorted(p for paths in found for p in paths if p.exists())
@@ -50,11 +61,15 @@ def train_alone() -> list[str]:
     return importing(files("train"), lambda m: under(m, "cluster", "bench", "fixtures", "tests"))
 
 
-SHARED_WITH_A_RANK = ("train.protocol", "train.config", "train.errors", "train.parallel.mesh", "train.metrics")
-
-
-def the_rank_protocol() -> list[str]:
-    return importing(files("cluster"), lambda m: under(m, "train") and not under(m, *SHARED_WITH_A_RANK))
+def the_contract() -> list[str]:
+    """cluster imports of train only train.contract; train.contract imports no torch and nothing
+    of train outside it; and train/ keeps at most 6 modules at its top level."""
+    bad = importing(files("cluster"), lambda m: under(m, "train") and not under(m, "train.contract"))
+    bad += importing(files("train/contract"), lambda m: under(m, "train") and not under(m, "train.contract"))
+    bad += [f"{rel(p)}: {m}" for p in files("train/contract") for m in sorted(module_level_imports(p))
+            if under(m, "torch", "numpy")]  # fmt: skip
+    top = sorted(p.name for p in (ROOT / "train").glob("*.py"))
+    return bad + ([f"train/ has {len(top)} top-level modules: {top}"] if len(top) > 6 else [])
 
 
 READERS = ("cluster/logs", "cluster/views", "cluster/goodput", "cluster/provenance/reading.py", "cluster/sweeps/table.py",
@@ -133,7 +148,7 @@ def views_from_the_reading() -> list[str]:
 
 RULES = {
     "train alone": train_alone,
-    "the rank protocol": the_rank_protocol,
+    "the contract": the_contract,
     "the spec is a schema": the_spec_is_a_schema,
     "pure translation": pure_translation,
     "one registry": one_registry,

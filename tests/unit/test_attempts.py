@@ -10,7 +10,7 @@ from cluster.jobdir import JobDir
 from cluster.restarts.attempts import the_failure
 from cluster.restarts.history import format_attempts, summary
 from cluster.restarts.policy import Decision, decide, restart_needs
-from train.protocol import never_joined_message, preflight_log_name, record_name
+from train.contract.protocol import never_joined_message, preflight_log_name, record_name
 
 ALLOC = ["n1", "n2", "n3"]
 CRASH = {"rank": 3, "node": "n2", "error": "RuntimeError: boom", "step": 120, "raised": True, "raised_at": 120}

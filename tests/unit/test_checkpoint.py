@@ -8,11 +8,11 @@ import torch
 from tests.conftest import ROOT, run_module
 from tests.support.checkpoint import params_after
 from tests.support.strategies import max_diff
-from train import checkpoint
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.loop import setup
-from train.protocol import CHECKPOINTS, latest_checkpoint_step, read_records
+from train.contract.config import Config, load
+from train.contract.protocol import CHECKPOINTS, latest_checkpoint_step, read_records
+from train.rank.dist_env import DistEnv
+from train.trainer import checkpoint
+from train.trainer.loop import setup
 
 
 @pytest.mark.parametrize("how", [[], ["train.ckpt_async=true"], ["train.ckpt_async=true", "parallel.strategy=model_parallel"]],
@@ -106,7 +106,7 @@ def test_a_writer_that_does_not_start_is_agreed_on_and_every_rank_saves_synchron
 
 def test_the_writers_port_is_free_and_below_the_ephemeral_range():
     """DCP's writers meet on a port no outgoing connection takes between its pick and its bind."""
-    from train import dcp_writer
+    from train.trainer import dcp_writer
 
     low = int(open(dcp_writer.EPHEMERAL_RANGE).read().split()[0])
     port = dcp_writer.port_below_ephemeral()
@@ -117,7 +117,7 @@ def test_the_watched_writer_is_torchs_own_where_this_torch_has_one():
     """install() puts the kit's writer in torch's place, once, and the port picker beside it."""
     from torch.distributed.checkpoint import _async_process_executor as executor
 
-    from train import dcp_writer
+    from train.trainer import dcp_writer
 
     assert dcp_writer.install() and dcp_writer.install()
     watched = executor._AsyncCheckpointProcess
@@ -134,8 +134,8 @@ def test_the_loop_saves_synchronously_once_a_writer_did_not_start(tmp_path):
     checkpoint synchronously, at once; the saver is gone."""
     from concurrent.futures import Future
 
-    from train.loop import Checkpointer, LossMeter
-    from train.protocol import RecordWriter, read_records
+    from train.contract.protocol import RecordWriter, read_records
+    from train.trainer.loop import Checkpointer, LossMeter
 
     cfg = load(Config, None, [f"train.run_dir={tmp_path}", "train.ckpt_async=true", "train.stall_timeout_s=0.1"])
     trainable, _ = setup(cfg, DistEnv())

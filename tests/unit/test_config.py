@@ -1,7 +1,7 @@
 import pytest
 
-from train.config import Config, apply_overrides, build, describe, load
-from train.errors import ConfigError
+from train.contract.config import Config, apply_overrides, build, describe, load
+from train.contract.errors import ConfigError
 
 
 def test_defaults_are_the_exercise():
@@ -129,7 +129,8 @@ def test_adam_refuses_a_momentum_it_would_ignore():
 @pytest.mark.parametrize("strategy", ["tp", "pipeline"])
 def test_a_strategy_that_splits_the_model_is_refused_on_one_rank(strategy):
     """One rank has nothing to split: a clear error naming the key, not a crash in torch."""
-    from train.parallel.mesh import needs_process_group, resolve_dims
+    from train.contract.mesh import resolve_dims
+    from train.contract.strategies import needs_process_group
 
     cfg = load(Config, None, [f"parallel.strategy={strategy}"])
     with pytest.raises(ConfigError) as err:
@@ -142,7 +143,7 @@ def test_a_strategy_that_splits_the_model_is_refused_on_one_rank(strategy):
 
 def test_fsdp_with_tp_over_the_whole_world_is_refused_naming_parallel_tp():
     """2 ranks, tp=2: no data-parallel rank is left for FSDP (it crashed in torch's mesh lookup)."""
-    from train.parallel.mesh import resolve_dims
+    from train.contract.mesh import resolve_dims
 
     cfg = load(Config, None, ["parallel.strategy=fsdp", "parallel.tp=2"])
     with pytest.raises(ConfigError) as err:

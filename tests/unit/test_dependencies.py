@@ -6,7 +6,7 @@ import pytest
 from cluster.dependencies import checked, parents_of, released, slurm_dependency
 from fixtures.synthetic import make_job, make_sweep
 from tests.conftest import run_module
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ import typing
 
 import pytest
 
-from train.config import Strategy
-from train.dist_env import choose_device, expand_hostlist, from_environ, torchrun_environ
-from train.protocol import master_port_for_job
+from train.contract.config import Strategy
+from train.contract.protocol import master_port_for_job
+from train.rank.dist_env import choose_device, expand_hostlist, from_environ, torchrun_environ
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0",
             "MASTER_PORT": "1234", "GROUP_RANK": "1"}  # fmt: skip
@@ -124,17 +124,18 @@ def test_hostlist_matches_scontrol(expr):
     assert expand_hostlist(expr) == out.stdout.split()
 
 
-def test_registry_matches_config_schema():
-    from train.parallel.registry import STRATEGIES
+def test_the_strategy_table_matches_the_schema_and_each_names_its_function():
+    from train.contract.strategies import STRATEGIES, apply_function
 
     assert set(STRATEGIES) == set(typing.get_args(Strategy))
+    assert all(apply_function(name).__name__ == f"apply_{name}" for name in STRATEGIES)
 
 
 def test_native_stdout_goes_to_stderr_inside_the_block_only():
     """What C++ prints to fd 1 as a group forms (torch 2.9's gloo) must not precede ``--json``."""
     code = (
         "import os, sys\n"
-        "from train.dist_env import native_stdout_to_stderr\n"
+        "from train.rank.dist_env import native_stdout_to_stderr\n"
         "print('before')\n"
         "with native_stdout_to_stderr():\n"
         "    os.write(1, b'[Gloo] connected\\n')\n"

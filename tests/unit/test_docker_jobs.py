@@ -16,8 +16,8 @@ from cluster.request import make_request
 from cluster.spec import JobSpec
 from tests.conftest import run_module
 from tests.support.docker_jobs import SPEC, TWO_BY_TWO
-from train.config import load
-from train.errors import ConfigError
+from train.contract.config import load
+from train.contract.errors import ConfigError
 
 
 def request_of(spec: JobSpec, plan):

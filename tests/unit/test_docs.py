@@ -132,7 +132,7 @@ def test_every_help_fits_one_screen_and_the_keys_are_listed_with_the_faults_apar
     own heading, and a prefix that no key has is bad input."""
     from cluster.cli import COMMANDS
     from cluster.spec import JobSpec
-    from train.config import describe
+    from train.contract.config import describe
 
     for command in ["", *COMMANDS]:
         done = run_module("cluster", *([command] if command else []), "--help")

@@ -39,11 +39,11 @@ def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tm
     assert found["additional_parameters"]["output"] == f"{tmp_path}/multi-node/slurm-%j.log"
     assert found["srun_args"] == ["--kill-on-bad-exit=1"]
     assert found["setup"][:2] == ["export NCCL_DEBUG=WARN", "module load cuda"]
-    script = cluster.dry_run(print, spec="jobs/multi_node.yaml", **TWO_BY_TWO, log_dir=str(tmp_path))
+    script = cluster.dry_run(print, spec="jobs/multi_node.yaml", overrides={**TWO_BY_TWO, "log_dir": str(tmp_path)})
     assert "#SBATCH --signal=USR1@120" in script and "USR2" not in script
     assert "export SUBMITIT_EXECUTOR=slurm" in script  # submitit's own script
     shim = next(line for line in script.splitlines() if line.startswith("srun "))
-    assert "-m train.shim" in shim and "--rank-log" in shim and "--requeue-on-signal" in shim
+    assert "-m train.rank.shim" in shim and "--rank-log" in shim and "--requeue-on-signal" in shim
     assert shim.endswith(f"-- -u -m submitit.core._submit {tmp_path}/multi-node/%j/submitit")
     assert not list(tmp_path.iterdir())  # a dry run writes nothing
 
@@ -51,7 +51,9 @@ def test_a_functions_job_on_slurm_goes_through_submitit_with_the_kits_request(tm
 def test_a_functions_job_has_submitits_signal_where_the_spec_has_none_and_runs_where_the_spec_says(tmp_path):
     spec, _ = function_spec(None, [f"log_dir={tmp_path}"])
     assert (spec.cluster, spec.signal, spec.requeue) == ("submitit", "USR2@90", False)
-    assert "--requeue-on-signal" not in cluster.dry_run(print, log_dir=str(tmp_path))  # no requeue: it runs on
+    assert "--requeue-on-signal" not in cluster.dry_run(
+        print, overrides={"log_dir": str(tmp_path)}
+    )  # no requeue: it runs on
     spec, _ = function_spec("jobs/local.yaml", ["tasks_per_node=3"])
     assert spec.cluster == "local" and spec.world_size == 3
 
@@ -147,10 +149,10 @@ def test_a_functions_call_is_checked_before_anything_is_written(call, key, words
 
 def test_a_function_shipped_by_value_names_its_real_file_and_line_in_a_ranks_traceback(tmp_path):
     """cloudpickle names the code of a function of ``__main__`` "<dynamic-code>"; on the rank
-    (``train.functions``) the file it was written in comes back, with its source line."""
+    (``train.rank.function_program``) the file it was written in comes back, with its source line."""
     import cloudpickle
 
-    from train.functions import name_code
+    from train.rank.function_program import name_code
 
     source = tmp_path / "notebook.py"
     source.write_text("def helper():\n    raise ValueError('from the helper')\n\n\ndef boom():\n    helper()\n")
@@ -164,3 +166,37 @@ def test_a_function_shipped_by_value_names_its_real_file_and_line_in_a_ranks_tra
     text = "".join(traceback.format_exception(raised.value))
     assert f'File "{source}", line 6, in boom\n    helper()' in text
     assert f'File "{source}", line 2, in helper\n    raise ValueError' in text
+
+
+def test_a_functions_own_nodes_is_its_own_and_the_specs_go_in_overrides(tmp_path):
+    """Issue 72: a function with a ``nodes`` parameter gets its own ``nodes``; the spec's nodes
+    come from ``overrides`` alone (as submitit keeps ``update_parameters`` apart), silently."""
+    import warnings
+
+    from cluster.api.function_call import packed, split_call
+    from cluster.submission import function_spec
+
+    def place(nodes, rank=0):
+        return nodes, rank
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the explicit form warns of nothing
+        arguments, spec_values = split_call(place, {"nodes": 4}, {"nodes": 2, "cluster": "local"})
+        assert arguments == {"nodes": 4} and spec_values == {"nodes": 2, "cluster": "local"}
+        assert packed(place, (), arguments).kwargs == {"nodes": 4}
+        spec, plan = function_spec(None, [f"{k}={v}" for k, v in spec_values.items()] + [f"log_dir={tmp_path}"])
+        assert spec.nodes == 2 and plan.nodes == 2
+        assert "srun" in cluster.dry_run(place, nodes=4, spec="jobs/multi_node.yaml",
+                                         overrides={"nodes": 1, "log_dir": str(tmp_path)})  # fmt: skip
+
+
+def test_the_old_call_still_works_for_a_release_and_warns_where_it_may_be_misread():
+    from cluster.api.function_call import split_call
+
+    def place(nodes, rank=0):
+        return nodes, rank
+
+    with pytest.warns(FutureWarning, match="nodes: .*place.*own argument, also a key of the job spec"):
+        assert split_call(place, {"nodes": 4}, None) == ({"nodes": 4}, {})
+    with pytest.warns(FutureWarning, match="time: read as the job spec.s, not .*place"):
+        assert split_call(place, {"rank": 1, "time": "00:05:00"}, None) == ({"rank": 1}, {"time": "00:05:00"})

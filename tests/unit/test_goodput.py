@@ -22,8 +22,8 @@ from cluster.goodput.ledger import (
 from cluster.goodput.simulate import Scenario, parse_scenario, run_once, simulate
 from cluster.jobdir import JobDir
 from tests.conftest import run_module
-from train.errors import ConfigError
-from train.protocol import STAMP_FORMAT
+from train.contract.errors import ConfigError
+from train.contract.protocol import STAMP_FORMAT
 
 
 def test_an_uninterrupted_job_is_queue_start_up_training_and_its_parts_add_up():

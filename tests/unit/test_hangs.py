@@ -13,14 +13,14 @@ from cluster.jobdir import JobDir
 from cluster.logs import stacks
 from cluster.logs.triage import inspect
 from tests.conftest import run_module
-from train.protocol import FLIGHT_RECORDER_PREFIX
+from train.contract.protocol import FLIGHT_RECORDER_PREFIX
 
 SITE = "/venv/lib/python3.11/site-packages"
 
 
 OUTER = [
     '  File "/kit/train/loop.py", line 121 in run',
-    '  File "/kit/train/runner.py", line 40 in run_rank',
+    '  File "/kit/train/trainer/rank_life.py", line 40 in run_rank',
     f'  File "{SITE}/submitit/core/_submit.py", line 11 in <module>',
     '  File "<frozen runpy>", line 198 in _run_module_as_main',
 ]
@@ -225,7 +225,7 @@ def test_ranks_killed_by_fail_fast_while_handling_a_peers_failure_do_not_hide_th
     job.mkdir()
     stall = "Timeout (0:00:12.500000)!"
     printing = ['  File "/usr/lib/python3.11/traceback.py", line 180 in print_exc',
-                '  File "/kit/train/runner.py", line 49 in run_rank']  # fmt: skip
+                '  File "/kit/train/trainer/rank_life.py", line 49 in run_rank']  # fmt: skip
     cascade = (
         "2026-01-01T12:00:02.000 Traceback (most recent call last):\n"
         '2026-01-01T12:00:02.000   File "/kit/train/loop.py", line 149, in forward_backward\n'
@@ -245,8 +245,8 @@ def test_ranks_killed_by_fail_fast_while_handling_a_peers_failure_do_not_hide_th
     [
         ("2026-01-01T12:00:02.000 rank 0 failed on vm:\n",
          ['  File "/usr/lib/python3.11/traceback.py", line 180 in print_exc',
-          '  File "/kit/train/shim.py", line 137 in run_python']),
-        ("", ['  File "/kit/train/shim.py", line 137 in run_python']),
+          '  File "/kit/train/rank/shim.py", line 137 in run_python']),
+        ("", ['  File "/kit/train/rank/shim.py", line 137 in run_python']),
     ],
     ids=["printing the error", "before printing it"],
 )  # fmt: skip
@@ -266,7 +266,7 @@ def test_a_rank_killed_while_handling_a_peers_failure_waited_for_a_rank_stalled_
     assert [r.state for r in report.ranks] == ["killed", "stalled"]
     assert report.hang["culprits"] == [1] and report.first_failure["rank"] == 1
     assert report.hang["groups"][0] == {
-        "frame": "waiting until a peer's failure reached it, then killed at /kit/train/shim.py:137 in run_python",
+        "frame": "waiting until a peer's failure reached it, then killed at /kit/train/rank/shim.py:137 in run_python",
         "ranks": [0],
         "waiting": True,
     }

@@ -1,4 +1,4 @@
-"""Where the data set lives and how batches reach the loop (train/loader.py), on the CPU: the
+"""Where the data set lives and how batches reach the loop (train/trainer/loader.py), on the CPU: the
 device-resident loader and the host loader's thread yield exactly the sampler's batches. The
 gpu tier runs the same comparison on CUDA (pinned buffers, side stream)."""
 
@@ -9,11 +9,11 @@ import torch
 
 from cluster.spec import JobSpec
 from tests.conftest import ROOT
-from train.config import Config, DataConfig, ModelConfig, load
-from train.data import ShardedSampler, dataset_bytes, make_dataset
-from train.dist_env import DistEnv
-from train.loader import DEVICE_SHARE, ResidentLoader, StagedLoader, placement
-from train.loop import run
+from train.contract.config import Config, DataConfig, ModelConfig, load
+from train.rank.dist_env import DistEnv
+from train.trainer.data import ShardedSampler, dataset_bytes, make_dataset
+from train.trainer.loader import DEVICE_SHARE, ResidentLoader, StagedLoader, placement
+from train.trainer.loop import run
 
 SMALL = DataConfig(train_size=300, test_size=40, seed=5)
 MODEL = ModelConfig(n_layers=2, dim_in=16, dim_hidden=8, n_classes=4)

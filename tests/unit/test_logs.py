@@ -12,7 +12,7 @@ from cluster.logs.text import format_report
 from cluster.logs.triage import inspect
 from fixtures.synthetic import START, make_job, stamp
 from tests.conftest import run_module
-from train.protocol import RECENT_BYTES, RecordWriter, read_records, recent_records, record_name
+from train.contract.protocol import RECENT_BYTES, RecordWriter, read_records, recent_records, record_name
 
 
 def test_crash_names_first_rank_by_time_and_groups_the_cascade(tmp_path):
@@ -133,7 +133,7 @@ def test_a_forked_share_that_fails_is_done_here_and_no_child_is_left():
 
 def finished_rank(job_dir, rank: int, log_tail: str = "") -> None:
     """A rank that wrote its final step record (and then ``log_tail`` to its log)."""
-    from train.protocol import RecordWriter
+    from train.contract.protocol import RecordWriter
 
     writer = RecordWriter(job_dir, rank)
     writer.write("start", pid=1, env={"host": "h", "node_rank": 0})
@@ -485,7 +485,7 @@ def test_a_childs_traceback_and_the_stampers_note_are_not_the_ranks_end(tmp_path
     what the rank left came after the rank's death, into its log: neither is the rank's error or
     signal, and srun's "Killed" names its end (issue 76)."""
     from cluster.logs.scan import scan_log
-    from train.protocol import LEFTOVERS
+    from train.contract.protocol import LEFTOVERS
 
     log = tmp_path / "rank_00001.log"
     log.write_text(
@@ -550,7 +550,7 @@ def test_a_failure_reads_as_the_user_wrote_it_root_cause_first_and_the_hung_rank
     from cluster.logs.stacks import ROOT
 
     frames = [
-        f'File "{ROOT}train/shim.py", line 55, in main\n    runpy.run_path(script)',
+        f'File "{ROOT}train/rank/shim.py", line 55, in main\n    runpy.run_path(script)',
         'File "<frozen runpy>", line 88, in _run_code',
         f'File "{tree}/my_train.py", line 34, in <module>\n    step()',
     ]

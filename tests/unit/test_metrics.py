@@ -1,4 +1,4 @@
-"""Metric series from what programs print (``train.metrics``), table-tested on the shapes of
+"""Metric series from what programs print (``train.contract.metrics``), table-tested on the shapes of
 the trainers people use, and the tap that keeps them one record per step."""
 
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from train.metrics import MetricsTap, parse_line, read_value
+from train.contract.metrics import MetricsTap, parse_line, read_value
 
 NAN = float("nan")
 

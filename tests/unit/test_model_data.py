@@ -1,8 +1,8 @@
 import torch
 
-from train.config import DataConfig, ModelConfig
-from train.data import ShardedSampler, make_dataset
-from train.model import build_mlp, layer_dims, linear_indices
+from train.contract.config import DataConfig, ModelConfig
+from train.trainer.data import ShardedSampler, make_dataset
+from train.trainer.model import build_mlp, layer_dims, linear_indices
 
 
 def test_mlp_shapes():

@@ -33,7 +33,7 @@ def wheel_files(tmp_path_factory) -> set[str]:
 def test_the_wheel_ships_the_runtime_and_no_development_machinery(wheel_files):
     for shipped in ("cluster/__main__.py", "cluster/cli/logs.py", "cluster/backends/slurm/backend.py",
                     "cluster/views/templates/job.html.j2", "cluster/views/templates/base.html.j2",
-                    "cluster/logs/rules.py", "cluster/system/minicluster.py", "train/collectives.py", "train/shim.py"):  # fmt: skip
+                    "cluster/logs/rules.py", "cluster/system/minicluster.py", "train/preflight/collectives.py", "train/rank/shim.py"):  # fmt: skip
         assert shipped in wheel_files, shipped
     development = [f for f in wheel_files if f.startswith(("bench/", "tests/", "fixtures/")) or "synthetic" in f]
     assert development == []

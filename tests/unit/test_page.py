@@ -12,7 +12,7 @@ import pytest
 
 from fixtures.synthetic import make_job, make_sweep
 from tests.conftest import run_module
-from train.protocol import TENSORBOARD
+from train.contract.protocol import TENSORBOARD
 
 
 class Links(HTMLParser):

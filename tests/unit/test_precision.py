@@ -7,15 +7,16 @@ import pytest
 import torch
 
 from tests.support.strategies import train_here
-from train.config import Config, load
+from train.contract.config import Config, load
 
 
 def test_fp16_is_refused_on_the_cpu_before_training():
-    from train.errors import ConfigError
-    from train.loop import check_supported
+    from train.contract.errors import ConfigError
+    from train.contract.strategies import check_flags
 
     with pytest.raises(ConfigError) as err:
-        check_supported(load(Config, None, ["train.precision=fp16"]), torch.device("cpu"))
+        cfg = load(Config, None, ["train.precision=fp16"])
+        check_flags(cfg.train, cfg.parallel, torch.device("cpu").type)
     assert err.value.key == "train.precision"
 
 
@@ -52,9 +53,9 @@ def test_bf16_parameters_train_close_to_fp32(tmp_path):
     ],
 )
 def test_what_a_strategy_cannot_take_is_refused_naming_the_key(overrides, key, tmp_path):
-    from train.dist_env import DistEnv
-    from train.errors import ConfigError
-    from train.loop import setup
+    from train.contract.errors import ConfigError
+    from train.rank.dist_env import DistEnv
+    from train.trainer.loop import setup
 
     with pytest.raises(ConfigError) as err:
         setup(load(Config, None, [*overrides, f"train.run_dir={tmp_path}"]), DistEnv())

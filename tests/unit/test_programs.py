@@ -17,9 +17,9 @@ from cluster.submission import load_spec
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, run_module
 from tests.support.programs import CNN
-from train.config import load
-from train.errors import ConfigError
-from train.shim import ProgramSignals
+from train.contract.config import load
+from train.contract.errors import ConfigError
+from train.rank.shim import ProgramSignals
 
 
 def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
@@ -145,8 +145,8 @@ def test_a_sigterm_the_programs_own_handler_took_is_noted_and_the_handler_is_the
 
 STACKS_THEN_HANDLER = """
 import os, signal, sys, time
-from train.hangs import install_dumps
-from train.shim import ProgramSignals
+from train.rank.hangs import install_dumps
+from train.rank.shim import ProgramSignals
 install_dumps()
 ProgramSignals(None)
 got = []
@@ -177,14 +177,14 @@ def test_per_task_ranks_run_the_shim_around_the_program():
     s = spec('program.args=["--steps", "7"]', "stall_timeout_s=30")
     (step,) = make_request(s, make_plan(s), "py").steps
     assert step.per_rank and step.tasks_per_node == 2 and step.log == "rank"
-    assert step.command == ("py", "-P", "-m", "train.shim", "--job-dir=$JOB_DIR", "--stall-timeout-s=30",
+    assert step.command == ("py", "-P", "-m", "train.rank.shim", "--job-dir=$JOB_DIR", "--stall-timeout-s=30",
                             "--startup-timeout-s=600", "--time-limit-signal=USR1", "--script=jobs/train_cnn.py",
                             "--", "--steps", "7")  # fmt: skip
     (plain,) = make_request(spec("signal="), make_plan(spec("signal=")), "py").steps  # no signal: no handler
     assert not any(w.startswith("--time-limit-signal") for w in plain.command)
 
 
-@pytest.mark.parametrize("signal, agent", [("USR1@120", "train.agent"), ("", "torch.distributed.run"),
+@pytest.mark.parametrize("signal, agent", [("USR1@120", "train.rank.agent"), ("", "torch.distributed.run"),
                                            ("B:USR1@120", "torch.distributed.run")])  # fmt: skip
 def test_torchrun_agents_run_in_the_kits_wrapper_when_the_ranks_get_a_time_limit_signal(signal, agent):
     s = spec("program.launcher=torchrun", f"signal={signal}")
@@ -211,15 +211,15 @@ def test_function_programs_get_their_kwargs_as_json():
 
 def test_plan_shows_what_each_rank_or_agent_runs():
     per_task = run_module("cluster", "plan", "jobs/cnn.yaml")
-    assert "train: each rank runs: " in per_task.stdout and "-P -m train.shim" in per_task.stdout
+    assert "train: each rank runs: " in per_task.stdout and "-P -m train.rank.shim" in per_task.stdout
     torchrun = json.loads(run_module("cluster", "plan", "jobs/cnn.yaml", "program.launcher=torchrun", "--json").stdout)
-    assert "train.agent" in torchrun["steps"][0]["command"] and torchrun["steps"][0]["tasks_per_node"] == 1
+    assert "train.rank.agent" in torchrun["steps"][0]["command"] and torchrun["steps"][0]["tasks_per_node"] == 1
 
 
 def test_dry_run_shows_the_exact_local_command(tmp_path):
     result = run_module("cluster", "submit", "jobs/local.yaml", CNN, "--dry-run", f"log_dir={tmp_path}")
     assert result.returncode == 0 and "what the local launcher would run" in result.stdout
-    assert "-P -m train.shim '--job-dir=$JOB_DIR'" in result.stdout and not any(tmp_path.iterdir())
+    assert "-P -m train.rank.shim '--job-dir=$JOB_DIR'" in result.stdout and not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from cluster.runs.listing import INDEX, list_runs, since_seconds, state_matches
 from cluster.runs.resume import Link, resumed_words, stop_reason
 from fixtures.synthetic import FIRST_JOB_ID, make_log_root
 from tests.conftest import run_module
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 GOES_ON = Link("TIMEOUT", done=False, progressed=True)
 STUCK = Link("TIMEOUT", done=False, progressed=False)

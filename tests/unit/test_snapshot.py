@@ -14,7 +14,7 @@ from cluster.provenance import snapshot as snap
 from cluster.provenance.snapshot import STORE, take
 from tests.conftest import run_module
 from tests.support.repos import git, make_repo
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 SCRIPT = "import torch\nprint('version one')\n"
 SPEC = "cluster: local\nprogram:\n  script: main.py\n  require_progress: false\n"
@@ -206,7 +206,7 @@ def test_the_snapshot_is_mounted_read_only_at_its_own_path_in_every_container(ru
     from cluster.plan import make_plan
     from cluster.request import make_request
     from cluster.spec import JobSpec
-    from train.config import build
+    from train.contract.config import build
 
     code = take(repo, tmp_path / "runs")
     container = {"image": "kit:test", **({"runtime": runtime} if runtime != "docker" else {})}
@@ -224,7 +224,7 @@ def test_the_snapshot_is_mounted_read_only_at_its_own_path_in_every_container(ru
 
 
 def test_the_shim_imports_the_projects_code_from_the_snapshot_and_the_rest_where_it_is(repo, tmp_path):
-    from train.shim import in_snapshot
+    from train.rank.shim import in_snapshot
 
     (repo / ".venv/lib/site-packages").mkdir(parents=True)  # a virtual environment inside the project
     code = take(repo, tmp_path / "runs")
@@ -243,7 +243,7 @@ def test_the_kits_snapshot_goes_first_on_the_path_and_the_inherited_one_after_it
     from cluster.plan import make_plan
     from cluster.request import make_request
     from cluster.spec import JobSpec
-    from train.config import build
+    from train.contract.config import build
 
     code = replace(take(repo, tmp_path / "runs"), kit=True)
     for env, want in [({}, f"{code.tree}:/opt/site"), ({"PYTHONPATH": "lib"}, f"{code.tree}:lib")]:
@@ -255,7 +255,7 @@ def test_the_kits_snapshot_goes_first_on_the_path_and_the_inherited_one_after_it
 def test_a_start_records_versions_read_from_folder_names_match_the_metadata(tmp_path, monkeypatch):
     """runtime_packages reads no metadata file: the same versions as installed_packages, which
     reads them all, with the first of two torches on the path winning as in an import."""
-    from train.protocol import installed_packages, runtime_packages, runtime_versions
+    from train.contract.protocol import installed_packages, runtime_packages, runtime_versions
 
     wheels = {"first": {"torch": "2.11.0+cu130", "nvidia_nccl_cu13": "2.28.3", "nvidia_cuda_runtime": "13.0.96",
                         "torchmetrics": "1.9.0", "PyYAML": "6.0.2"},

@@ -1,4 +1,4 @@
-"""Every line a rank writes is stamped at one place, the descriptor level (``train.stamper``):
+"""Every line a rank writes is stamped at one place, the descriptor level (``train.rank.stamper``):
 Python's prints, what C code writes, a child's output; faulthandler's dumps pass as they are.
 The rank's ``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, the stamper
 is never a point of failure, and it ends what the rank leaves running."""
@@ -15,13 +15,14 @@ from cluster.system.poll import wait_until
 from cluster.system.processes import alive
 from tests.conftest import ROOT
 from tests.support.jobs import wait_for_line
-from train.output import STAMPER_GONE
-from train.protocol import LEFTOVERS, STAMPED
-from train.stamper import KILL_WAIT_S, Sink, Stream
+from train.contract.protocol import LEFTOVERS, STAMPED
+from train.rank.leftovers import KILL_WAIT_S
+from train.rank.output import STAMPER_GONE
+from train.rank.stamper import Sink, Stream
 
 C_LEVEL = r"""
 import ctypes, os, sys
-from train.output import leave, timestamp_lines
+from train.rank.output import leave, timestamp_lines
 timestamp_lines()
 print("from python", flush=True)
 os.write(2, b"[W ProcessGroupGloo.cpp:123] Warning: from c10d\n")
@@ -65,7 +66,7 @@ def test_c_level_and_python_lines_are_stamped_once(tmp_path):
 
 STREAMS = r"""
 import io, sys
-from train.output import leave, timestamp_lines
+from train.rank.output import leave, timestamp_lines
 timestamp_lines()
 out, err = sys.stdout, sys.stderr
 assert type(out) is io.TextIOWrapper and out is sys.__stdout__ and err is sys.__stderr__ and out.mode == "w"
@@ -98,7 +99,7 @@ def test_the_streams_are_the_interpreters_own_and_every_line_is_stamped(tmp_path
 
 STAMPER_KILLED = r"""
 import os, signal, sys
-from train import output
+from train.rank import output
 output.timestamp_lines()
 print("before", flush=True)
 os.kill(output._stamper.pid, signal.SIGKILL)
@@ -128,7 +129,7 @@ def test_a_rank_whose_stamper_dies_goes_on_and_its_log_says_so(tmp_path):
 
 LEAVES_CHILDREN = r"""
 import os, subprocess, sys
-from train.output import timestamp_lines
+from train.rank.output import timestamp_lines
 timestamp_lines()
 assert os.getpgrp() == os.getpid()  # a group of its own: its launcher's is left alone
 deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(600)"
@@ -159,7 +160,9 @@ def test_what_a_rank_leaves_running_is_ended_once_it_is_gone(tmp_path):
 
 def test_a_rank_on_a_terminal_stays_in_its_terminals_process_group():
     """Where it would lose Ctrl-C, a rank keeps its group (and its leftovers are not ended)."""
-    code = "import os; from train.output import lead_own_group; lead_own_group(); print(os.getpgrp() == os.getpid())"
+    code = (
+        "import os; from train.rank.output import lead_own_group; lead_own_group(); print(os.getpgrp() == os.getpid())"
+    )
     _, terminal = os.openpty()
     leads = [
         subprocess.run([sys.executable, "-c", code], stdin=stdin, capture_output=True, text=True, cwd=ROOT).stdout
@@ -232,8 +235,8 @@ def test_the_end_of_a_line_already_ended_by_the_other_stream_adds_no_blank_line(
 
 METRICS = r"""
 import os, sys, time
-from train.output import leave, timestamp_lines
-from train.protocol import ProgressFile
+from train.rank.output import leave, timestamp_lines
+from train.contract.protocol import ProgressFile
 folder, log = sys.argv[1], sys.argv[2]
 progress = ProgressFile(folder, 0)  # the shim's count of optimizer steps
 timestamp_lines((os.path.join(folder, "m.jsonl"), os.path.join(folder, "rank_00000.progress")))

@@ -1,18 +1,18 @@
-"""What a node's standby (``train.standby``) starts warm, and where it listens. (A real standby
+"""What a node's standby (``train.rank.standby``) starts warm, and where it listens. (A real standby
 forking real ranks: tests/processes/test_standby.py; in a job: the SLURM tier's restarts.)"""
 
 import sys
 
 import pytest
 
-from train.standby import address, warm_command
+from train.rank.standby import address, warm_command
 
 
 @pytest.mark.parametrize(
     "argv, module",
     [
         ([sys.executable, "-P", "-m", "train", "--timestamps"], "train"),
-        ([sys.executable, "-P", "-m", "train.shim", "--job-dir=/j", "--", "-x"], "train.shim"),
+        ([sys.executable, "-P", "-m", "train.rank.shim", "--job-dir=/j", "--", "-x"], "train.rank.shim"),
         ([sys.executable, "-m", "train"], None),  # not -P: its sys.path would differ from the standby's
         ([sys.executable, "-P", "-c", "print(1)"], None),
         (["/bin/sh", "-P", "-m", "train"], None),  # another interpreter

@@ -93,7 +93,7 @@ def test_the_table_has_a_row_per_point_the_culprit_of_a_failed_one_and_the_best(
 
 
 def test_a_programs_metrics_are_the_last_values_rank_0_printed(tmp_path):
-    """A job from before metrics files: its log's end, read by the same parser (train.metrics)."""
+    """A job from before metrics files: its log's end, read by the same parser (train.contract.metrics)."""
     job = make_job(tmp_path / "j", world=1, lines=3)
     log = job / "rank_00000.log"
     log.write_text(
@@ -161,7 +161,7 @@ def test_a_slurm_sweeps_dry_run_prints_the_array_and_the_points(tmp_path):
 
 def test_a_jobspec_object_and_keyword_overrides_are_the_cli_s_spec_and_overrides(tmp_path):
     from cluster.spec import JobSpec
-    from train.config import load
+    from train.contract.config import load
 
     text = cluster.dry_run("jobs/local.yaml", "train.steps=7", tasks_per_node=2, log_dir=str(tmp_path))
     cli = run_module("cluster", "submit", "jobs/local.yaml", "train.steps=7", "tasks_per_node=2", f"log_dir={tmp_path}",

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_module
-from train.config import Config, load
-from train.dist_env import DistEnv
-from train.loop import run, setup, train
-from train.parallel.pipeline import stage_class
+from train.contract.config import Config, load
+from train.rank.dist_env import DistEnv
+from train.trainer.loop import run, setup, train
+from train.trainer.parallel.pipeline import stage_class
 
 
 def short(run_dir, *overrides):
@@ -89,8 +89,8 @@ def test_a_loss_that_turns_nan_stops_the_run_naming_step_rank_and_last_finite_lo
 
 
 def test_check_finite_names_the_rank_whose_own_loss_is_not_finite():
-    from train.errors import NonFiniteLoss
-    from train.loop import check_finite
+    from train.contract.errors import NonFiniteLoss
+    from train.trainer.loop import check_finite
 
     assert check_finite({"step": 5, "train_loss": 1.5, "local_loss": 1.4}, 0, None) == (5, 1.5)
     with pytest.raises(NonFiniteLoss, match=r"loss is nan at step 10 on rank 3 \(last finite loss 1.5 at step 5\)"):
@@ -144,7 +144,7 @@ def test_pipeline_stage_meets_its_neighbours_in_one_dtype():
     ],
 )  # fmt: skip
 def test_each_decision_of_the_loop_alone(every, step, saves, logs, evaluates, at_signal):
-    from train.loop import Schedule
+    from train.trainer.loop import Schedule
 
     schedule = Schedule(*every)
     got = (schedule.saves(step), schedule.logs(step), schedule.evaluates(step), schedule.saves_at_signal(step))
@@ -157,8 +157,8 @@ def test_the_loop_reads_on_one_screen():
     import ast
     import inspect
 
-    import train.loop
+    import train.trainer.loop
 
-    tree = ast.parse(inspect.getsource(train.loop))
+    tree = ast.parse(inspect.getsource(train.trainer.loop))
     (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train"]
     assert fn.end_lineno - fn.lineno + 1 <= 90

@@ -21,7 +21,7 @@ from cluster.logs.stacks import compress
 from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
 from cluster.system.processes import native_stack
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 # What a pending job's Reason means for its owner (SLURM's job_reason_codes page): the
 # first ones pass by themselves; the configuration ones need a changed request.

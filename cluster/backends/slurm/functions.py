@@ -5,7 +5,7 @@ function goes too) into ``submitit/`` inside the kit's job directory, writes its
 script and submits it. The kit maps its request onto submitit's parameters (its ``#SBATCH``
 options, the spec's setup and environment, srun's options) and gives submitit the rank shim as
 the interpreter: submitit's command line, ``<python> -u -m submitit.core._submit <folder>``,
-becomes the shim, which runs the function in every task (``train.functions``) with the rank's
+becomes the shim, which runs the function in every task (``train.rank.function_program``) with the rank's
 log, records, progress, watchdog and stacks. ``--dry-run`` prints the script submitit writes
 (the same call of the same executor). Once submitted, the job is a SLURM job like any other:
 state, cancel, signals and stacks are the SLURM backend's.
@@ -20,7 +20,7 @@ from cluster.backends.facts import FACTS
 from cluster.backends.slurm.backend import SlurmJobs, require_sbatch
 from cluster.jobdir import FUNCTION_DIR, FUNCTION_PICKLE, SCRIPT, JobDir
 from cluster.system.shell import shell_word
-from train.errors import ConfigError
+from train.contract.errors import ConfigError
 
 # The kit's #SBATCH options that submitit has a parameter for, by its name (the others go to
 # its additional_parameters as they are: requeue, output, signal, sbatch_extra ...).

@@ -1,0 +1,5 @@
+import sys
+
+from train.preflight.check import main
+
+sys.exit(main())
