@@ -5,19 +5,8 @@ A parent is a job (its id or directory) or a sweep (its directory: over once its
 every point have ended, ok where every point completed). Its outcome is its verdict as ``cluster
 logs`` reads it: ok (every rank completed) or failed (the first failure named). Conditions:
 
-    ok       the child runs once every parent completed; a failed parent means it never runs
-    any      it runs once every parent has ended, whatever the outcome
-    failed   a clean-up job: it runs once a parent failed (none did: it never runs)
-
-At submission the parents are checked first (``checked``): one that does not exist, on another
-backend or cluster, or whose outcome already decides the condition the wrong way is bad input
-(exit 2, naming the parent and its verdict); one that already ended as asked is no dependency.
-On SLURM the rest is SLURM's own ``--dependency`` (``afterok``, ``afterany``, ``afternotok``:
-``squeue -o %E`` shows it; a requeued or restarted parent has not ended). Elsewhere the job's
-launcher waits for them (``wait_for``), without a terminal held: it outlives the shell that
-submitted, and ends, never having run, when a parent is cancelled. Either way the job directory's
-``dependency.json`` says what it waits for, and once decided, whether it was released (and
-when: the goodput ledger counts the wait as queue) or never ran and why."""
+More: docs/internals.md, ``cluster/dependencies.py``.
+"""
 
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
 """Every file of one job, named once: ``JobDir`` (submitit's ``JobPaths`` is the model).
 
-<log_dir>/<name>/slurm-<job_id>.log        the batch script's own output (srun's messages)
-<log_dir>/<name>/<job_id>/                 the job directory
-    plan.json  job.sbatch  spec.yaml       what was planned and submitted (job.sbatch: what sbatch got);
-                                           plan.json's "cluster" names the backend that ran the job
-    launch.json  controller.log            cluster=local, docker: the launcher's steps and its account
-    train.yaml                             the training configuration every rank got
-    provenance.json  code.diff             what produced the result (cluster.provenance.record): the code
-    spec.submitted.yaml  packages.txt      snapshot, its uncommitted diff, the spec as written, the packages
-    attempts.jsonl  guard.log              restarts: each attempt's nodes, its end, the node excluded
-    dependency.json                        --after: the jobs it waits for; released, or never ran and why
-    rank_00003.log                         rank 3's stdout+stderr, lines timestamped (attempt 0)
-    node_00001.log                         node 1's torchrun agent (program.launcher: torchrun)
-    rank_00003.attempt1.log                the same rank after the first requeue
-    rank_00003.jsonl                       rank 3's JSON records (train.contract.protocol)
-    rank_00003.progress                    a program's rank 3: its last optimizer step, when, its pid
-    preflight_00003.log                    rank 3's preflight output (preflight: true, cluster preflight)
-    preflight_00003.attempt1.log           the same, before the first restart's training (restarts)
-    nccl_trace_rank_3                      NCCL's flight recorder of rank 3 (on a collective timeout)
-    checkpoints/                           train.ckpt_every: step_NNNNNNN/ and the latest pointer
-    submitit/                              a Python function's job: <job id>_submitted.pkl (the function),
-                                           <job id>_<rank>_result.pkl, and on SLURM submitit's script and logs
-
-The ranks write their own files by the names in ``train.contract.protocol``; the batch script names the
-per-task logs with srun's patterns below; everything else asks a ``JobDir``.
+More: docs/internals.md, ``cluster/jobdir.py``.
 """
 
 from __future__ import annotations

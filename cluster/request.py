@@ -5,14 +5,7 @@ the same steps with the local launcher) and ``--dry-run`` prints it: they cannot
 Commands may hold shell variables that the batch script sets (and the local launcher
 substitutes): $JOB_DIR, $JOB_ID, $MASTER_ADDR, $MASTER_PORT.
 
-What each task runs:
-- the built-in trainer: ``python -P -m train``, its configuration in ``$JOB_DIR/train.yaml``;
-- a user's program: the rank shim ``python -P -m train.rank.shim ... -- <program>`` (the torchrun
-  environment, per-rank log, stacks, progress from optimizer steps, start and end records).
-``-P`` keeps the working directory off ``sys.path``: a user's own ``train.py`` or ``cluster.py``
-there cannot shadow the kit (the shim puts it back for the user's program).
-Launchers: ``per_task``, one task per rank (srun's tasks, each told its rank); ``torchrun``,
-one task per node running torchrun, whose workers are the ranks.
+More: docs/internals.md, ``cluster/request.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ import yaml
 from cluster.backends.facts import Traits
 from cluster.jobdir import PLAN, SCRIPT, SPEC, TRAIN_CONFIG, batch_output
 from cluster.plan import Plan, gpu_binding, plan_record
-from cluster.provenance.snapshot import Snapshot
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.spec import WANDB_VARIABLES, JobSpec
 from train.contract.protocol import RUN_ID_VAR, parse_time_limit_signal
 

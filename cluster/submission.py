@@ -23,7 +23,8 @@ from cluster.dependencies import record as dependency_record
 from cluster.jobdir import DEPENDENCY, FUNCTION_PICKLE, job_root
 from cluster.plan import Plan, make_plan
 from cluster.provenance.record import provenance_files
-from cluster.provenance.snapshot import Snapshot, snapshot_for
+from cluster.provenance.snapshot import discard, snapshot_for
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.render import render
 from cluster.request import job_files, make_request
 from cluster.runs.owner import refuse_if_taken, take
@@ -185,7 +186,7 @@ def submit(
         ref = JobRef(backend.submit(prepared), backend)
     except ConfigError:  # the backend refused the job: nothing of it stays
         if code is not None:
-            code.discard()
+            discard(code)
         raise
     if spec.checkpoint_dir and not preflight_only:
         take(spec.checkpoint_dir, ref.job_dir)

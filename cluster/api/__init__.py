@@ -1,15 +1,6 @@
 """The kit from Python: the command line's twin (``python -m cluster`` calls these).
 
-    import cluster
-    job = cluster.submit("jobs/multi_node.yaml", nodes=4, **{"train.steps": 200})
-    job.state(); job.wait(timeout=600); job.cancel()
-    report = job.logs()          # what `cluster logs --json` prints
-    job = cluster.Job.attach("runs/multi-node/12345")   # or a job id, as the CLI takes it
-    job = cluster.submit(fn, 3, spec="jobs/multi_node.yaml", overrides={"nodes": 2})  # fn(3)
-    job.result()                 # rank 0's fn(3); job.results(): every rank's
-
-Three parts: ``submitting.py`` (the front door), ``job.py`` (the ``Job`` handle, and the next
-jobs of a run), ``sweeps.py``; ``function_call.py`` packs a function's call once for them.
+More: docs/internals.md, ``cluster/api/__init__.py``.
 """
 
 from cluster.api.common import override_texts, value_text

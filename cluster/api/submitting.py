@@ -14,7 +14,7 @@ from cluster.api.job import Job
 from cluster.backends import JobRef, NeverStarts
 from cluster.dependencies import CONDITIONS, parents_of
 from cluster.plan import Plan
-from cluster.provenance.snapshot import Snapshot
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.spec import JobSpec
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.submission import function_spec, load_spec, say_stderr

@@ -3,29 +3,7 @@
 The ledger cuts the job's wall time, from submission (spec.yaml's write) to its last record,
 into consecutive pieces, so that they add up to it exactly:
 
-    queued      submission (spec.yaml's write) -> the first attempt's launch (the batch script's
-                start: it writes the backend's ``launch_marker``, SLURM's plan.json; an attempt
-                of the kit's restarts: its start in attempts.jsonl; a requeued attempt, or no
-                marker: rank 0's process start, its start record's ``launched``). A backend
-                without a queue (local, docker) launches at submission: its launcher's own
-                start is start-up
-    start-up    an attempt's launch -> rank 0's first optimizer step
-    productive  the steps kept in the final result, at the attempt's median step time
-    checkpoint  the time rank 0 spent saving (checkpoint records: the built-in trainer writes
-                them; a program of one's own only where it says so, docs/goodput.md)
-    lost work   steps done after the checkpoint the next attempt resumed from, at that step time
-    other       the rest of the training span: evaluation, logging, what the records cannot tell
-    detection   the attempt's last progress -> its first error (the kit's attempt record; without
-                one, the attempt's end)
-    stalled     instead of detection and restart, where the attempt ended in a hang: the last
-                progress -> the attempt's end (the stall watchdog or a collective's timeout)
-    restart     the first error -> the next attempt's launch: the ranks stopped, the failure
-                triaged, the next attempt launched inside the allocation, or the job requeued
-    teardown    the last attempt's last step -> the job's last record
-
-The effective training time ratio (ETTR) is productive / (wall - queued). ``build`` is a pure
-function of attempts, so that tests build ledgers from made-up ones; ``ledger_of(job_dir)``
-reads a job's files.
+More: docs/internals.md, ``cluster/goodput/ledger.py``.
 """
 
 from __future__ import annotations
@@ -168,6 +146,122 @@ def build(submitted: float, attempts: list[AttemptTimes], end: float | None = No
     return Ledger(clock - submitted, spent, rows, checkpoint_known=checkpoint_known, segments=segments)
 
 
+@dataclass
+class JobTimes:
+    """What a job's files say of its times, read once (``read_times``): the dating rules below
+    are pure functions of it, tested from tables."""
+
+    plan: dict
+    records: list[dict]  # the rank's
+    written: float  # spec.yaml's write (plan.json's where there is none): written once, at submission
+    kit_attempts: list[dict] = field(default_factory=list)  # attempts.jsonl (the kit's restarts)
+    queue: bool = True  # its backend queues jobs; without one the launcher starts at submission
+    marker_written: float | None = None  # the backend's launch marker's last write (the batch script's start)
+    released: float | None = None  # --after: when its parents released it
+
+
+def read_times(job_dir: JobDir, rank: int, records: list[dict] | None) -> JobTimes | None:
+    """The files' part of a ledger: the plan, the rank's records, the files' times, the kit's
+    attempt records, the backend's traits; None before that rank wrote a record."""
+    plan = job_dir.plan()
+    records = job_dir.records(rank) if plan is not None and records is None else records
+    if plan is None or not records:
+        return None
+    backend = backends.of(job_dir)
+    marker = job_dir.file(backend.traits.launch_marker) if backend and backend.traits.launch_marker else None
+    return JobTimes(
+        plan=plan,
+        records=records,
+        written=(job_dir.spec_file if job_dir.spec_file.exists() else job_dir.plan_file).stat().st_mtime,
+        kit_attempts=history(job_dir),
+        queue=backend is None or backend.traits.scheduler,
+        marker_written=os.stat(marker).st_mtime if marker and os.path.exists(marker) else None,
+        released=job_dir.dependency().get("released"),
+    )
+
+
+# ----------------------------------------------------------------------------- dating rules (pure)
+def submission_time(written: float, first_record: dict) -> tuple[float, bool]:
+    """(when the job was submitted, whether the files kept their times). spec.yaml's write dates
+    it; a copy of the directory that did not keep the files' times (cp without -p) dates it
+    after the ranks' first record: then no file's time is the job's, and the first rank's
+    process start stands for the submission."""
+    first = first_record.get("launched") or first_record["time"]
+    return (written, True) if written <= first else (first, False)
+
+
+def launch_time(number: int, mine: list[dict], kit_start: float | None, t: JobTimes, submitted: float) -> float:
+    """When attempt ``number`` launched: the kit's start record of it (restarts); a backend
+    without a queue launches the first at submission; else the launch marker, where it was
+    written between the submission and the attempt's first record (it is written again at each
+    launch: it dates the first only then), else the rank's process start."""
+    if kit_start is not None and (number or t.queue):
+        return kit_start
+    if number == 0 and not t.queue:
+        return submitted
+    early = t.marker_written is not None and submitted <= t.marker_written <= mine[0]["time"]
+    return t.marker_written if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
+
+
+def after_release(launched: float, number: int, released: float | None) -> float:
+    """``--after``: waiting for its parents is queue, not start-up: the first attempt launched
+    no earlier than its release."""
+    return max(launched, released) if number == 0 and released else launched
+
+
+def never_started_resume(numbers: list[int], attempts: list[AttemptTimes], seen: set[int]) -> None:
+    """An attempt the kit started that ended before this rank wrote a record of it (a second
+    fault while the kit recovered from the first) resumed from where the next one did."""
+    resumed_from = None
+    for number, a in reversed(list(zip(numbers, attempts))):
+        if number in seen:
+            resumed_from = a.start_step
+        else:
+            a.start_step = resumed_from
+
+
+def clamp_ends(numbers: list[int], attempts: list[AttemptTimes], kit_started: set[int]) -> None:
+    """Each attempt ends no earlier than its last record (where the kit said, or at its last
+    progress), and, where the kit did not start the next (a requeue), no later than the next's
+    launch."""
+    for (number, a), following in zip(zip(numbers, attempts), attempts[1:]):
+        a.ended = max(a.ended, a.last_progress or a.launched)
+        if number + 1 not in kit_started:
+            a.ended = min(a.ended, following.launched)
+
+
+def ended_by_log(last: AttemptTimes, scan: dict | None, times_kept: bool) -> float:
+    """The last attempt of a job that is over, where the kit wrote no end record of it (no
+    restarts): the rank's log dates its end (its last write: a stall dump, a traceback's last
+    line, the exit) and tells a hang (the stall watchdog's dump) and an error; the records
+    alone stop at the last progress, and a hang's time would not be seen. In a copy that did
+    not keep the files' times, its last stamped line does. ``scan``: None where it left no log."""
+    if scan is None:
+        return last.ended
+    last.ended = max(last.ended, (scan["mtime"] if times_kept else scan["last_time"]) or 0)
+    last.hang = last.hang or bool(scan["stalled"])
+    last.failed = last.failed or bool(scan["error"])
+    return last.ended
+
+
+def timeline(t: JobTimes, submitted: float) -> tuple[list[int], list[AttemptTimes]]:
+    """Every attempt the kit started, also one that ended before this rank wrote its start
+    record (without it, the attempts after it would be paired with its start and end), dated."""
+    built_in = t.plan.get("program") is None
+    starts = {r["attempt"]: r["time"] for r in t.kit_attempts if r["event"] == "start"}
+    ends = {r["attempt"]: r for r in t.kit_attempts if r["event"] == "end"}
+    by_number = split_attempts(t.records)
+    numbers = sorted(set(by_number) | set(starts))
+    attempts = []
+    for number in numbers:
+        mine = by_number.get(number, [])  # none: the kit started it (starts has it)
+        launched = after_release(launch_time(number, mine, starts.get(number), t, submitted), number, t.released)
+        attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
+    never_started_resume(numbers, attempts, set(by_number))
+    return numbers, attempts
+
+
+# ----------------------------------------------------------------------------- a job's ledger
 def ledger_of(
     job_dir: JobDir,
     gpus: int | None = None,
@@ -178,74 +272,41 @@ def ledger_of(
     """A job's ledger from its files, as ``rank`` saw it (rank 0: the job's); None before that
     rank wrote a record. ``records``: that rank's, where the caller has read them already;
     ``running``: whether the job still runs (None: its backend is asked)."""
-    plan = job_dir.plan()
-    if plan is None:
+    t = read_times(job_dir, rank, records)
+    if t is None:
         return None
-    records = job_dir.records(rank) if records is None else records
-    if not records:
-        return None
-    # spec.yaml is written once, at submission (a batch script writes plan.json again at each launch).
-    # A copy of the directory that did not keep the files' times (cp without -p) dates it after
-    # the ranks' first record: no file's time is the job's then, and the first rank's process
-    # start stands for the submission.
-    written = (job_dir.spec_file if job_dir.spec_file.exists() else job_dir.plan_file).stat().st_mtime
-    first = records[0].get("launched") or records[0]["time"]
-    times_kept = written <= first
-    submitted = written if times_kept else first
-    built_in = plan.get("program") is None
-    kit_attempts = history(job_dir)
-    starts = {r["attempt"]: r["time"] for r in kit_attempts if r["event"] == "start"}
-    ends = {r["attempt"]: r for r in kit_attempts if r["event"] == "end"}
-    backend = backends.of(job_dir)
-    queue = backend is None or backend.traits.scheduler  # without one, the launcher starts at submission
-    marker = job_dir.file(backend.traits.launch_marker) if backend and backend.traits.launch_marker else None
-    first_launch = os.stat(marker).st_mtime if marker and os.path.exists(marker) else None
-    by_number = split_attempts(records)
-    # Every attempt the kit started, also one ended before this rank wrote its start record (a
-    # second fault while the kit recovers from the first): without it, the attempts after it
-    # would be paired with its start and end.
-    numbers = sorted(set(by_number) | set(starts))
-    attempts = []
-    for number in numbers:
-        mine = by_number.get(number, [])  # none: the kit started it (starts has it)
-        launched = starts.get(number) if number or queue else submitted
-        if launched is None:  # no restarts: the batch script's start for the first, else the rank's process
-            # (the marker is written again at each launch: it dates the first only if it precedes its records)
-            early = first_launch is not None and submitted <= first_launch <= mine[0]["time"]
-            launched = first_launch if number == 0 and early else mine[0].get("launched") or mine[0]["time"]
-        if number == 0 and (released := job_dir.dependency().get("released")):
-            launched = max(launched, released)  # --after: waiting for its parents is queue, not start-up
-        attempts.append(attempt_of(mine, launched, ends.get(number), built_in))
-    resumed_from = None  # an attempt that never started resumed from where the next one did
-    for number, a in reversed(list(zip(numbers, attempts))):
-        if number in by_number:
-            resumed_from = a.start_step
-        else:
-            a.start_step = resumed_from
-    last_record = max(r.get("time", 0) for r in records)
-    if numbers[-1] not in ends and not (job_is_running(job_dir) if running is None else running):
-        last_record = max(last_record, ended_by_its_log(job_dir, rank, attempts[-1], times_kept))
-    for (number, a), following in zip(zip(numbers, attempts), attempts[1:]):
-        a.ended = max(a.ended, a.last_progress or a.launched)  # where the kit said, or at its last record
-        if number + 1 not in starts:
-            a.ended = min(a.ended, following.launched)
+    submitted, times_kept = submission_time(t.written, t.records[0])
+    numbers, attempts = timeline(t, submitted)
+    last_record = max(r.get("time", 0) for r in t.records)
+    kit_ended = {r["attempt"] for r in t.kit_attempts if r["event"] == "end"}
+    if numbers[-1] not in kit_ended and not (job_is_running(job_dir) if running is None else running):
+        logs = job_dir.rank_log_files(rank, job_dir.names())  # the last attempt's end: its log's, read
+        scan = scan_log(logs[-1], progress=attempts[-1].last_progress) if logs else None
+        last_record = max(last_record, ended_by_log(attempts[-1], scan, times_kept))
+    clamp_ends(numbers, attempts, {r["attempt"] for r in t.kit_attempts if r["event"] == "start"})
     ledger = build(submitted, attempts, last_record)
-    ledger.gpus = gpus if gpus is not None else plan.get("nodes", 1) * gpus_per_node(plan)
-    ledger.saves_s = [r["seconds"] for r in records if r.get("event") == "checkpoint"]
+    ledger.gpus = gpus if gpus is not None else t.plan.get("nodes", 1) * gpus_per_node(t.plan)
+    ledger.saves_s = [r["seconds"] for r in t.records if r.get("event") == "checkpoint"]
     # asynchronous saves (train.ckpt_async): each write's own seconds, behind the loop
-    ledger.writes_s = [r["write_s"] for r in records if r.get("event") == "checkpoint_written"]
-    if not built_in:
-        ledger.notes.append(
-            "your own program: checkpoint time as it reported it"
-            if ledger.checkpoint_known
-            else "your own program: checkpoint time unknown (it reports none: docs/goodput.md has the one line that does)"
-        )
-        if any(a.start_step is None for a in attempts[1:]):
-            ledger.notes.append(
-                "your own program does not say where a restart resumed (docs/goodput.md): "
-                "every step before a restart counts as kept"
-            )
+    ledger.writes_s = [r["write_s"] for r in t.records if r.get("event") == "checkpoint_written"]
+    if t.plan.get("program") is not None:
+        ledger.notes += own_program_notes(ledger.checkpoint_known, attempts)
     return ledger
+
+
+def own_program_notes(checkpoint_known: bool, attempts: list[AttemptTimes]) -> list[str]:
+    """What a ledger of a program of one's own cannot tell, said."""
+    notes = [
+        "your own program: checkpoint time as it reported it"
+        if checkpoint_known
+        else "your own program: checkpoint time unknown (it reports none: docs/goodput.md has the one line that does)"
+    ]
+    if any(a.start_step is None for a in attempts[1:]):
+        notes.append(
+            "your own program does not say where a restart resumed (docs/goodput.md): "
+            "every step before a restart counts as kept"
+        )
+    return notes
 
 
 def group_ledgers(job_dir: JobDir, limit: int = 8, running: bool | None = None) -> list[tuple[str, Ledger]]:
@@ -260,22 +321,6 @@ def group_ledgers(job_dir: JobDir, limit: int = 8, running: bool | None = None) 
         if (ledger := ledger_of(job_dir, rank=ranks[0], running=running)) is not None:
             out.append((f"ranks {ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else f"rank {ranks[0]}", ledger))
     return out
-
-
-def ended_by_its_log(job_dir: JobDir, rank: int, last: AttemptTimes, times_kept: bool = True) -> float:
-    """The last attempt of a job that is over, where the kit wrote no end record of it (no
-    restarts): the rank's log dates its end (its last write: a stall dump, a traceback's
-    last line, the exit) and tells a hang (the stall watchdog's dump) and an error; the
-    records alone stop at the last progress, and a hang's time would not be seen. In a copy
-    that did not keep the files' times (``times_kept`` false), its last stamped line does."""
-    logs = job_dir.rank_log_files(rank, job_dir.names())
-    if not logs:
-        return last.ended
-    scan = scan_log(logs[-1], progress=last.last_progress)
-    last.ended = max(last.ended, (scan["mtime"] if times_kept else scan["last_time"]) or 0)
-    last.hang = last.hang or bool(scan["stalled"])
-    last.failed = last.failed or bool(scan["error"])
-    return last.ended
 
 
 def gpus_per_node(plan: dict) -> int:

@@ -1,32 +1,7 @@
 """``cluster goodput --simulate``: the effective training time ratio a job would get at scale,
 replaying failures against measured phase costs (a job's ledger, ``cluster.goodput.ledger``).
 
-A run needs ``work_h`` hours of training. It starts up, trains in intervals of ``ckpt_every``
-steps each followed by a save, and fails after an exponential time of mean ``mtbf_h`` (or at
-the given ``failures_at``, seconds of running time: a replay of one measured run). A failure
-costs the work since the last durable save, the detection, and a recovery that depends on the
-policy:
-
-    requeue      every failure: the job requeued (``requeue_s``, its queue and launch)
-    restart      a restart inside the allocation (``restart_s``); a failure that loses a node
-                 (``node_loss`` of them) has no node to restart on, and is requeued
-    spare        as restart, a lost node replaced by a spare while ``spare_nodes`` last (a
-                 requeue brings a fresh allocation, with its spares)
-    async        as spare, with asynchronous checkpoints (``train.ckpt_async``): a save stops
-                 training for ``ckpt_blocking_s`` only, and is durable ``ckpt_write_s`` later (a
-                 failure before that falls back to the save before it)
-    warm         as async, restarts warm: a restart inside the allocation starts up in
-                 ``warm_startup_s``, not ``startup_s`` (a requeue still starts cold). The kit's
-                 own (``train.rank.standby``: ranks forked with their imports done) is measured at 4
-                 ranks; the default is what keeping communicators and state would give at scale
-
-then start-up again. ETTR = work / running time (the first queue excluded, as in the ledger).
-Each policy is also run at its own recommended interval (Young-Daly with what its save blocks).
-
-Every cost is measured (a job's ledger: ``cluster goodput JOB --simulate``; ``make bench``'s
-tables) or taken from a published figure: ``SOURCES`` says which, term by term, and the output
-carries it (``--json``: ``sources``). Where the best policy stays under ``GOAL``, the output
-names the term that costs it most (``in_the_way``).
+More: docs/internals.md, ``cluster/goodput/simulate.py``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """cluster=docker: the planned nodes as containers on this machine, through the Docker SDK.
 
-Each step of the request (preflight, train) runs as one container per node of the plan, from
-``container.image``, like srun's steps on an allocation. The containers share a network of the
-job's own on which each is reachable by its node's name (``node0`` is the rendezvous, as the
-first node of an allocation is). Inside, the kit's node launcher (``python -m cluster.launcher
---node N --step NAME JOB_DIR``) starts that node's tasks as the local launcher does, from the
-same launch file. The working directory and the job directory are mounted at the same paths
-and written with the submitting user's uid, so logs, records and ``plan.json`` are where
-``cluster logs`` looks. The host's controller (``cluster.local``, its pid the job id) watches
-the containers: one that exits non-zero stops the others (kill-on-bad-exit), and neither a
-container nor the network outlives the job.
+More: docs/internals.md, ``cluster/launcher/containers.py``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """The local launcher's controller: a job's steps on this machine, as srun would run them on its
 nodes (a spec's several nodes emulated here: every node's tasks, each with its node's environment).
 
-``start`` spawns a controller (``python -P -m cluster.launcher JOB_ROOT``) in a session of its
-own, so that it outlives the submitting command; its pid is the job id, and the job directory
-``JOB_ROOT/<pid>`` is filled by the submitter before the controller is told to go (a line on
-its standard input). The controller runs each step of the request (``cluster.request``): every
-task with its rank's torchrun environment, its output appended to the task's log, like
-``srun --output``. Like ``srun --kill-on-bad-exit`` it ends the step when a task fails (SIGTERM,
-then SIGKILL after KILL_WAIT_S), and it ends every task at the time limit or when it is itself
-told to stop (``cluster cancel``). Like SLURM's ``--signal``, it sends the spec's time-limit
-signal once to every process of the running step (each task and everything it started, a
-torchrun agent's workers included) that many seconds before the time limit. Its own account
-goes to ``controller.log`` in the job directory.
+More: docs/internals.md, ``cluster/launcher/controller.py``.
 """
 
 from __future__ import annotations

@@ -4,12 +4,7 @@ rank keeps its rank (``[3] ...``); an error or a traceback is never folded. Each
 log file is left as it is. (pytorch's RFC #162999, "No Distributed Log Spew"; Ray folds its
 workers' lines for the same reason.)
 
-"Alike" is the line without its stamp, and the k-th time a rank wrote it meets the k-th time
-another did. ``Folder`` takes lines as they come, from every rank, and gives them out in order:
-the oldest waiting line goes out once every rank has written it, or has written later lines
-(its stamps are past it), or it has waited ``WAIT_S`` (a rank that said nothing yet:
-``SILENT_WAIT_S``), or the reading is over; a rank's own lines never overtake each other.
-``merged`` reads the logs whole, in the order of their stamps.
+More: docs/internals.md, ``cluster/logs/merge.py``.
 """
 
 from __future__ import annotations

@@ -4,11 +4,7 @@ ended; the first failure by time (in a hang, its culprit) and the others' errors
 cascade; the stragglers. Pure: what the files hold comes in, as evidence or through
 ``last_stack``, so every rule is tested on made-up evidence.
 
-The first failing rank is found by the *time* of its first error, not by its rank number:
-when one rank dies its peers fail seconds later with connection or timeout errors (the
-cascade), and a scheduler's report usually names one of those. A rank that died without a
-traceback (SIGKILL, the OOM killer) is dated by its last line, which is earlier than its peers'
-errors; a stalled rank by its last step.
+More: docs/internals.md, ``cluster/logs/rules.py``.
 """
 
 from __future__ import annotations

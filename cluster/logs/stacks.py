@@ -6,12 +6,7 @@ does name the culprit is each rank's last stack (faulthandler dumps from the sta
 watchdog, SIGTERM or a snapshot; or the traceback of its error) and torch's own messages
 under TORCH_DISTRIBUTED_DEBUG=DETAIL. Rules, in order:
 
-1. ranks that a "failed to pass monitoredBarrier" message names;
-2. the ranks whose collective differs from the majority's in "Detected mismatch between
-   collectives" messages;
-3. ranks whose last stack is not inside a collective while others' are;
-4. ranks whose innermost frame in the project's or user's code differs from the largest
-   group's (all in collectives, but different ones: control flow that skipped one).
+More: docs/internals.md, ``cluster/logs/stacks.py``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """What produced a job's result, written into its directory when it is submitted.
 
-``provenance.json``: when, where from (host, working directory, the command line), the spec
-file and its overrides (the resolved spec is ``spec.yaml``; the file as written,
-``spec.submitted.yaml``), the code snapshot (commit, branch, dirty, the files that differ
-from the commit, the tree's hash; the uncommitted diff itself is ``code.diff``), the versions
-of Python, torch, CUDA, NCCL and the kit and the hash of every installed package (the list is
-``packages.txt``), the image and its digest where a container runs. The environment is the
-spec's alone (its ``env``): nothing is read from the submitter's environment, where tokens live.
-What each attempt ran on (nodes, GPUs, the versions there) is read from the ranks' own start
-records and ``attempts.jsonl`` (``cluster.provenance.reading``, which readers use).
+More: docs/internals.md, ``cluster/provenance/record.py``.
 """
 
 from __future__ import annotations
@@ -24,7 +16,7 @@ from pathlib import Path
 import orjson
 
 from cluster.jobdir import CODE_DIFF, PACKAGES, PROVENANCE, SPEC_WRITTEN
-from cluster.provenance.snapshot import Snapshot
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.spec import JobSpec
 from train.contract.protocol import installed_packages, runtime_versions
 

@@ -5,17 +5,7 @@ uncommitted changes included, and untracked files that git does not ignore; a su
 likewise), or the program's directory where no git tree holds it; less ``snapshot.exclude``,
 the job's log root and Python's byte-code caches.
 
-The store, ``<log_dir>/.snapshots`` (beside the job directories: wherever the ranks can write
-their logs, they can read it)::
-
-    objects/3f/3f2a91...      each file's content once (``.x``: executable), read-only
-    trees/8e41.../            a snapshot: its files are hard links to the objects; the ranks import from it
-    trees/8e41....json        its manifest: path -> [sha256, executable, size]
-
-A tree's name is the hash of its manifest: the same files are one tree however often they are
-submitted (a sweep's 1,000 points, 50 resubmissions), and two trees share every file they have
-in common. A tree is built under a temporary name and renamed into place, so it is complete or
-absent; two submissions that build the same tree at once keep one.
+More: docs/internals.md, ``cluster/provenance/snapshot.py``.
 """
 
 from __future__ import annotations
@@ -29,10 +19,10 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cluster.provenance.program import program_file, program_location
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.spec import JobSpec
 from cluster.system.kit import KIT_ROOT
 from train.contract.errors import ConfigError
@@ -54,66 +44,19 @@ NOTICE_MB = 20.0  # a snapshot larger than this says what it took and how to lea
 LARGEST_SHOWN = 5
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """One job's code: where it was (``root``), where the ranks read it (``tree``)."""
-
-    digest: str
-    root: str  # the project at submission: a git work tree, or the program's directory
-    tree: str  # its snapshot in the store
-    files: int
-    size: int
-    git: dict | None = None  # commit, branch, dirty, changed (files that differ from the commit)
-    kit: bool = False  # the project holds the kit's own ``train``: the ranks import the kit from it too
-    notes: list[str] = field(default_factory=list)  # said once at submission
-    diff: str = ""  # the uncommitted changes of git's tracked files (an untracked file is whole in the tree)
-    created: tuple[str, ...] = ()  # what this submission added to the store: undone if the backend refuses the job
-
-    def where(self, path: str | Path) -> str:
-        """A path of the project as it is in the snapshot; any other path unchanged."""
-        absolute = Path(path).absolute()
-        if absolute.is_relative_to(self.root):
-            return str(Path(self.tree) / absolute.relative_to(self.root))
-        return str(path)
-
-    @property
-    def short(self) -> str:
-        return self.digest[:12]
-
-    def describe(self) -> str:
-        """Where the ranks' code comes from, for the rendered script and ``--dry-run``."""
-        if self.git:
-            changed = len(self.git["changed"])
-            origin = f"git {self.git['commit'][:7] or '(no commit)'}" + (
-                f" + {changed} changed file(s)" if changed else ""
-            )
+def discard(snapshot: Snapshot) -> None:
+    """Undo what taking this snapshot added to the store (the job was not submitted)."""
+    for path in map(Path, snapshot.created):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
         else:
-            origin = "no git"
-        return (
-            f"snapshot {self.short} of {self.root} ({origin}; {self.files} files, {self.size / 1e6:.1f} MB), "
-            f"read from {self.tree}"
-        )
-
-    def to_json(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "created"}
-
-    def discard(self) -> None:
-        """Undo what taking this snapshot added to the store (the job was not submitted)."""
-        for path in map(Path, self.created):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-        store = Path(self.tree).parent.parent
-        for folder in sorted((p for p in store.rglob("*") if p.is_dir()), reverse=True):
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # only the empty ones
+            path.unlink(missing_ok=True)
+    store = Path(snapshot.tree).parent.parent
+    for folder in sorted((p for p in store.rglob("*") if p.is_dir()), reverse=True):
         with contextlib.suppress(OSError):
-            store.rmdir()
-
-    @classmethod
-    def from_json(cls, data: dict) -> Snapshot:
-        return cls(**data)
+            folder.rmdir()  # only the empty ones
+    with contextlib.suppress(OSError):
+        store.rmdir()
 
 
 def git(cwd: str | Path, *args: str) -> str | None:

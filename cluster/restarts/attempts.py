@@ -1,20 +1,7 @@
 """Restarts inside the allocation, generic: the attempts of a job that restarts itself (spec
 ``restarts``, ``spare_nodes``, ``min_nodes``), as the batch script asks for them between attempts.
 
-How a restart works, end to end:
-- submission renders a loop into the batch script (``cluster.render``): each pass runs one
-  attempt's step on the nodes this module chose, with ``KIT_ATTEMPT`` (``train.contract.protocol.ATTEMPT_VAR``)
-  naming the attempt's logs (``rank_00003.attempt1.log``);
-- ``start`` records the first attempt (after a requeue: the next one, on the nodes not excluded);
-- after a failed attempt, ``next_attempt`` triages it (``the_failure``: ``cluster.logs``' first
-  failure, a hang's culprit, or the ranks that never joined its preflight), asks the policy
-  (``cluster.restarts.policy.decide``: pure) and records both (``cluster.restarts.history``:
-  attempts.jsonl, which ``cluster logs``, ``cluster status``, the ledger and the page read);
-- the scheduler supplies only what talks to it (``Allocation``: the allocation's nodes, those
-  down, the time left, a requeue): SLURM's is ``cluster.backends.slurm.attempts``, which is also
-  the batch script's entry point and the guard that requeues a job whose batch node died.
-(submitit's shape: the requeue policy generic in ``core/job_environment.py``, the SLURM class
-supplying ``_requeue``.)
+More: docs/internals.md, ``cluster/restarts/attempts.py``.
 """
 
 from __future__ import annotations

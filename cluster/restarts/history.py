@@ -2,12 +2,7 @@
 attempts (``cluster.restarts.attempts``), read by ``cluster logs``, ``cluster status``, the
 goodput ledger and the page, and its summary in words.
 
-Records, one JSON object per line:
-    {"event": "start", "attempt": N, "nodes": [...], "time": T}
-    {"event": "end", "attempt": N, "nodes": [...], "exit_code": C, "rank": R, "node": "n2", "error": "...",
-     "failed_at": T, "hang": bool, "step": S, "raised": bool, "raised_at": S, "checkpoint": S,
-     "verdict": "restart" | "requeued" | "deterministic" | "exhausted" | "no_nodes" | "time_near",
-     "why": "...", "excluded": [[node, why], ...], "time": T}
+More: docs/internals.md, ``cluster/restarts/history.py``.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import yaml
 from cluster.backends import JobRef
 from cluster.dependencies import Parent
 from cluster.jobdir import SPEC, TRAIN_CONFIG, JobDir
-from cluster.provenance.snapshot import Snapshot
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.spec import JobSpec
 from cluster.submission import code_of, load_spec
 from cluster.submission import submit as submit_loaded

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cluster.provenance.snapshot import Snapshot
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.system import processes
 
 SWEEP = "sweep.json"

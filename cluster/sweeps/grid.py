@@ -1,16 +1,6 @@
 """Sweeps: one job spec over a grid of overrides, each point a full job of its own.
 
-``cluster sweep jobs/x.yaml optim.lr=0.01,0.1 parallel.strategy=ddp,fsdp`` is the cartesian
-product of the values given with commas (``--points file.yaml``: a YAML list of mappings
-instead); every other override holds for every point. Every point is validated before
-anything runs. The sweep's directory (``<log_dir>/<name>/sweep-<time>``) holds ``sweep.json``
-(the spec, the overrides, the points), ``jobs.jsonl`` (each submission of a point: its job
-directory) and one directory per point (``p0003``) that is the point's ``log_dir``: its jobs
-are ``p0003/<name>/<job id>``. On a backend with job arrays (SLURM) the points are one array,
-one submission, ``max_parallel`` running at once (``%N``), where they share one allocation;
-elsewhere a runner (``cluster.sweeps.runner``) submits them through the spec's backend, at most
-``max_parallel`` unfinished at once. One point failing does not stop the others, and
-``resume`` runs again only the points that did not complete.
+More: docs/internals.md, ``cluster/sweeps/grid.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ from cluster import backends
 from cluster.backends.base import Arrays
 from cluster.jobdir import ARRAY_TASK_SCRIPT, job_root
 from cluster.provenance.record import provenance_files
-from cluster.provenance.snapshot import Snapshot
+from cluster.provenance.snapshot_record import Snapshot
 from cluster.submission import code_of, function_spec, load_spec, make_submission
 from cluster.submission import dry_run as dry_run_loaded
 from cluster.sweeps.directory import ARRAY_SCRIPT, FUNCTION, RUNNER, RUNNER_LOG, SWEEP, Sweep, point_overrides

@@ -1,18 +1,6 @@
 """A real SLURM cluster on this machine: one controller, 3 slurmd "nodes" with 4 fake GPUs each.
 
-``python -m cluster.system.minicluster start|stop|status`` (``make minicluster``). Idempotent:
-``start`` on a running cluster only checks it. Needs root; installs Debian's slurm-wlm and
-munge when they are missing. A recipe verified on these machines:
-the fake GPUs are /dev/tty devices declared as GRES, so SLURM sets CUDA_VISIBLE_DEVICES per
-task exactly as it does on a GPU cluster. On a machine with real GPUs those numbers name
-real ones (task 0 of every node sees GPU 0, ...): its nodes' ranks would share GPUs, or where
-there are fewer, some would train on the CPU. Give jobs there ``train.device=cpu``.
-
-It refuses to touch an /etc/slurm/slurm.conf that it did not write (a real cluster's).
-
-It ships with the kit for users: the way to try the SLURM path (``cluster=slurm`` specs,
-``render``, ``submit``, restarts, ``preflight``) on one machine before a real cluster. The
-kit's own SLURM tests run on it too (``tests/provision.sh``).
+More: docs/internals.md, ``cluster/system/minicluster.py``.
 """
 
 from __future__ import annotations

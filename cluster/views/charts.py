@@ -4,11 +4,7 @@ time per rank over time (a heat map, readable at 16,384 ranks), the goodput bar 
 metrics against step (a line per rank whose series differ), a sweep's metric by parameter and
 its points' curves.
 
-Why matplotlib to inline SVG and not a chart library in the page: the page must open from a
-ticket or ``file://`` with nothing from the network, render without script, and stay small at
-1,024 ranks. The heat map is one image inside the SVG whatever the ranks (a line per rank in a
-script-drawn chart is 1,024 lines), and the curves are drawn once, not in the reader's browser
-(``make bench``: the page's size and load time at 1,024 and 16,384 ranks).
+More: docs/internals.md, ``cluster/views/charts.py``.
 """
 
 from __future__ import annotations

@@ -2,16 +2,7 @@
 trainer's own (rank 0 writes its loss and metrics as it trains: ``train.trainer.tensorboard``), so that
 ``tensorboard --logdir runs/`` shows every job and sweep point:
 
-    metrics/<name>          a program's series, rank 0's (what it printed: ``train.contract.metrics``)
-    step_time_ms/median     the ranks' median step time at each of rank 0's logged steps
-    step_time_ms/slowest    the slowest rank's
-    goodput/ettr            the job's effective training time ratio (``cluster.goodput.ledger``)
-    goodput/<category>_s    its seconds of each category
-
-and, for a sweep's point, its parameters (TensorBoard's hparams). Written with TensorBoard's own
-event writer (no torch to import: ``cluster page`` of 16,384 ranks stays fast), into files of
-their own (``*.kit``), each writing anew: ``KitEvents`` appends only what is new since it
-last wrote (``cluster logs --follow``, ``cluster page --follow``), one file per writer.
+More: docs/internals.md, ``cluster/views/tensorboard.py``.
 """
 
 from __future__ import annotations

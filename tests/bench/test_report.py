@@ -25,13 +25,19 @@ def test_quick_report_writes_markdown_and_plots(tmp_path):
         "| snapshot, new store |",
     ):
         assert needle in text, needle
+    from bench.goals import GOALS
+
+    # the goals are data, said beside their figures; no heading names an issue
+    for goal in ("loop_ratio", "plan_ms", "triage_s", "triage_ratio", "runs_listing_s", "page_open_s"):
+        assert GOALS[goal].said() in text, goal
+    assert not [line for line in text.splitlines() if line.startswith("#") and "issue" in line]
     for png in ("throughput.png", "state_bytes.png", "busbw.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_benchmark_plots_draw_every_strategy_and_point(tmp_path):
     """What each plot draws, from the rows it is given (not only that a PNG was written)."""
-    from bench.report import plots
+    from bench.markdown import plots
 
     mib = 2**20
     rows = [{"strategy": "single", "nprocs": 1, "samples_per_s": 900.0, "state_bytes": None},
@@ -45,3 +51,14 @@ def test_the_benchmark_plots_draw_every_strategy_and_point(tmp_path):
         "busbw.png": [(1024, 0.5), (2048, 0.9)],
     }
     assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in drawn)
+
+
+@pytest.mark.parametrize("goal, figure, met", [
+    ("plan_ms", 499.0, True), ("plan_ms", 500.0, False), ("loop_ratio", 0.97, True), ("loop_ratio", 0.9, False),
+    ("simulator_points", -2.5, True), ("simulator_points", 3.5, False),
+])  # fmt: skip
+def test_a_goal_is_data_that_says_itself_and_tells_whether_a_figure_meets_it(goal, figure, met):
+    from bench.goals import GOALS
+
+    assert GOALS[goal].met(figure) is met
+    assert GOALS["runs_listing_s"].said() == "goal <= 1 s at 10,000"

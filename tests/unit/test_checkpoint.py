@@ -135,12 +135,13 @@ def test_the_loop_saves_synchronously_once_a_writer_did_not_start(tmp_path):
     from concurrent.futures import Future
 
     from train.contract.protocol import RecordWriter, read_records
-    from train.trainer.loop import Checkpointer, LossMeter
+    from train.trainer.loop import Checkpointer, LossMeter, Outlets
+    from train.trainer.tensorboard import Board
 
     cfg = load(Config, None, [f"train.run_dir={tmp_path}", "train.ckpt_async=true", "train.stall_timeout_s=0.1"])
-    trainable, _ = setup(cfg, DistEnv())
+    trainable, ctx = setup(cfg, DistEnv())
     writer = RecordWriter(tmp_path, 0)
-    ckpt = Checkpointer(tmp_path / "checkpoints", trainable, None, {}, writer, print, cfg.train, torch.device("cpu"))
+    ckpt = Checkpointer(ctx, trainable, None, Outlets(writer, Board(tmp_path, False), print))
     assert ckpt.saver.start_limit_s == 0.05  # half the stall watchdog's
     ckpt.saver.close()  # its real warm-up's writer: a thread here (one process), ended
     ckpt.saver.pending = (None, Future(), None, 0.0)

@@ -145,3 +145,20 @@ def test_every_help_fits_one_screen_and_the_keys_are_listed_with_the_faults_apar
     assert "train.fail_at_step" in faults and "train.fail_at_step" not in normal and "train.steps" in normal
     assert "optimizer steps of the run" in run_module("cluster", "keys", "train.steps").stdout  # its note
     assert run_module("cluster", "keys", "nosuch").returncode == 2
+
+
+def test_a_modules_docstring_is_ten_lines_at_most_and_its_rest_is_in_the_internals_page():
+    """Issue 72: code first; what a module's opening says beyond 10 lines is in
+    docs/internals.md, under the module's path, and the docstring points there."""
+    import ast
+
+    internals = (ROOT / "docs" / "internals.md").read_text()
+    long, unpointed = [], []
+    for path in sorted(p for pkg in ("cluster", "train") for p in (ROOT / pkg).rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        rel = str(path.relative_to(ROOT))
+        if doc.count("\n") + 1 > 10:
+            long.append(rel)
+        if "docs/internals.md" in doc and f"## `{rel}`" not in internals:
+            unpointed.append(rel)
+    assert long == [] and unpointed == []

@@ -333,3 +333,77 @@ def test_an_attempt_ended_before_rank_0_started_is_a_row_of_its_own(tmp_path):
     assert third["restart"] == 1105 - 1103 and third["start-up"] == 1115 - 1105
     c = ledger.categories
     assert c["productive"] == (100 + 300) * 0.5 and sum(c.values()) == pytest.approx(ledger.wall_s) == 265
+
+
+# ----------------------------------------------------------------------------- the dating rules, from tables
+@pytest.mark.parametrize("written, first, expected", [
+    (100.0, {"time": 130.0, "launched": 120.0}, (100.0, True)),   # spec.yaml written before the ranks: it dates it
+    (100.0, {"time": 130.0}, (100.0, True)),                      # no process start: the record's time
+    (200.0, {"time": 130.0, "launched": 120.0}, (120.0, False)),  # a copy without its times: the first process start
+])  # fmt: skip
+def test_the_submission_is_spec_yamls_write_unless_a_copy_lost_the_times(written, first, expected):
+    from cluster.goodput.ledger import submission_time
+
+    assert submission_time(written, first) == expected
+
+
+def times(queue=True, marker=None):
+    from cluster.goodput.ledger import JobTimes
+
+    return JobTimes(plan={}, records=[], written=100.0, queue=queue, marker_written=marker)
+
+
+MINE = [{"event": "start", "time": 140.0, "launched": 135.0}]
+
+
+@pytest.mark.parametrize("number, kit_start, t, expected", [
+    (0, None, times(), 135.0),                  # no marker: the rank's process start
+    (0, None, times(marker=110.0), 110.0),      # the batch script's marker, between submission and the records
+    (0, None, times(marker=150.0), 135.0),      # a marker written again after the records: a later launch's
+    (0, None, times(marker=90.0), 135.0),       # ... or before the submission: not this job's launch
+    (0, 112.0, times(), 112.0),                 # the kit's start record of it (restarts)
+    (0, 112.0, times(queue=False), 100.0),      # no queue: the first launches at submission
+    (2, 160.0, times(queue=False), 160.0),      # a restart: the kit's start record, queue or not
+    (1, None, times(marker=110.0), 135.0),      # a requeue: the marker dates the first only
+])  # fmt: skip
+def test_an_attempt_launches_at_the_first_of_the_rules_that_knows(number, kit_start, t, expected):
+    from cluster.goodput.ledger import launch_time
+
+    assert launch_time(number, MINE, kit_start, t, submitted=100.0) == expected
+
+
+@pytest.mark.parametrize("launched, number, released, expected", [
+    (110.0, 0, 150.0, 150.0),   # --after: waiting for the parents is queue
+    (110.0, 0, 90.0, 110.0),    # released before its launch: the launch stands
+    (110.0, 1, 150.0, 110.0),   # only the first attempt waited for them
+    (110.0, 0, None, 110.0),
+])  # fmt: skip
+def test_the_after_release_moves_only_the_first_launch(launched, number, released, expected):
+    from cluster.goodput.ledger import after_release
+
+    assert after_release(launched, number, released) == expected
+
+
+def test_an_attempt_that_never_started_resumed_where_the_next_did_and_ends_are_clamped():
+    from cluster.goodput.ledger import clamp_ends, never_started_resume
+
+    attempts = [AttemptTimes(0.0, 50.0, start_step=0, last_progress=60.0), AttemptTimes(70.0, 70.0, start_step=None),
+                AttemptTimes(80.0, 99.0, start_step=40, last_progress=95.0)]  # fmt: skip
+    never_started_resume([0, 1, 2], attempts, seen={0, 2})
+    assert [a.start_step for a in attempts] == [0, 40, 40]
+    clamp_ends([0, 1, 2], attempts, kit_started={1})
+    # attempt 0: at least its last progress (60), and the kit started 1 (no clamp to its launch);
+    # attempt 1: the kit did not start 2 (a requeue): no later than 2's launch
+    assert [a.ended for a in attempts] == [60.0, 70.0, 99.0]
+
+
+@pytest.mark.parametrize("scan, kept, expected", [
+    (None, True, (50.0, False, False)),                                                    # no log
+    ({"mtime": 80.0, "last_time": 70.0, "stalled": True, "error": ""}, True, (80.0, True, False)),
+    ({"mtime": 80.0, "last_time": 70.0, "stalled": False, "error": "boom"}, False, (70.0, False, True)),
+])  # fmt: skip
+def test_the_last_attempt_ends_where_its_log_does(scan, kept, expected):
+    from cluster.goodput.ledger import ended_by_log
+
+    last = AttemptTimes(0.0, 50.0)
+    assert ended_by_log(last, scan, kept) == expected[0] and (last.ended, last.hang, last.failed) == expected

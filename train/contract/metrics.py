@@ -3,25 +3,7 @@
 ``parse_line`` reads one line of a rank's output (its stamp taken off) as a step and metrics,
 or as nothing, in the shapes that widely used trainers print:
 
-    {"step": 10, "loss": 1.2}                               a JSON object on a line of its own
-    {'loss': '4.704', 'grad_norm': 2.1, 'epoch': 0.16}      Hugging Face's Trainer (a dict's repr)
-    step=10 loss=1.2 lr=3e-4                                key=value, anywhere in a line
-    ... 45/100 [00:01<00:02, 30.0it/s, v_num=0, loss=0.123] Lightning's progress-bar postfix (tqdm's)
-    train_loss: 0.907                                       a line of "name: value" alone (rich's bar's last line)
-    iter 10: loss 4.1886, time 16.00ms, mfu 12.50%          nanoGPT (and its eval line, "step 0: train loss 4.28, val loss 4.28")
-    step:  1  loss:  8.1234  grad_norm:  1.23  tps: 1,234  torchtitan (its colours taken off)
-
-A mapping or key=value names its step with a key (``step``, ``global_step``, ``iter``,
-``iteration``); nanoGPT's and torchtitan's lines start with it. A line with no step of its own
-takes the optimizer step the rank shim counted (``train.contract.protocol.ProgressFile``) when the output
-stamper reads it, within a millisecond of its writing on an idle core: a line printed after a
-step is counted at that step unless the next step ends before the stamper reads it.
-Numbers may be ``nan`` or ``inf`` (kept: a loss that turned nan is what one looks for).
-
-``MetricsTap`` is what the output stamper (``train.rank.stamper``) feeds every line a rank writes:
-the metrics of the lines at one step are merged into one record of the rank's metrics file
-(``train.contract.protocol.metrics_name``), written when the step moves on, so the file has at most one
-record per step and is never larger than the lines it was read from.
+More: docs/internals.md, ``train/contract/metrics.py``.
 """
 
 from __future__ import annotations

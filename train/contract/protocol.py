@@ -4,36 +4,7 @@ The driver (``cluster``) depends on this module and on nothing else of the train
 same files, records, timestamps and signals serve the built-in trainer and a user's own
 program run through the kit's rank shim (``train.rank.shim``).
 
-Files, in the job directory (``cluster/jobdir.py`` has the whole layout):
-    rank_00003.log                 the rank's stdout+stderr, every line stamped (``stamp``)
-    rank_00003.attempt1.log        the same after the first requeue or restart
-    rank_00003.jsonl               its JSON records, one object per line
-    rank_00003.progress            its last optimizer step, the step's time and its pid (``ProgressFile``)
-    rank_00003.metrics.jsonl       a program's metrics, read from what it prints (``train.contract.metrics``)
-    tensorboard/                   TensorBoard's event files: the built-in trainer's rank 0, the kit's
-
-Records, one JSON object a line, each with ``event``, ``rank`` and ``time`` (seconds since the epoch):
-
-    event        written by                 fields
-    start        every rank, every attempt  env, pid, versions, launched (when the process began);
-                                            the trainer: coords, dims, config; the shim: program
-    first_step   the attempt's first step   step (a program's first step record says the same)
-    step         each log interval          STEP_FIELDS; the trainer's last: final, state_bytes; the
-                                            shim's at steps 1, 2, 4, ... and every RECORD_EVERY_S
-    resume       the trainer, from a ckpt   step, path, from_world_size
-    checkpoint   a save                     step, seconds (the trainer's; a program may append one
-                                            to the file RECORDS_VAR names: docs/goodput.md)
-    preempted    the time-limit signal      step (saved, then stopped)
-    failed       the rank's program raised  step (the trainer's, or a program's optimizer steps),
-                                            error ("Type: message")
-    end          a program returned         exit_code, steps; terminated where SIGTERM came to its
-                                            own handler first
-
-A program's metrics, read from what it prints, are in a file of their own (``metrics_name``:
-``{"step", "time", "values"}``, one record per step, ``train.contract.metrics``).
-
-Signals: SIGTERM and fatal signals dump every thread's stack (faulthandler) and end the rank;
-DUMP_SIGNAL dumps and carries on (``cluster stacks``); PREEMPT_SIGNAL asks for a checkpoint.
+More: docs/internals.md, ``train/contract/protocol.py``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """``python -P -m train.rank.agent --time-limit-signal=USR1 -- <torchrun's arguments>``: torchrun's
 agent, kept alive through the job's time-limit signal.
 
-SLURM sends the spec's ``signal`` (``USR1@120``) to every process of the step: the agent
-and its workers alike (proctrack cgroup or linuxproc; the kit's local launcher does the same).
-torchrun's agent installs no handler for USR1, so the signal's default action killed it, and
-with it the step, while its workers were still saving their checkpoint: they won only where
-a step took less than SLURM's KillWait. Here the agent notes the signal and runs on; its
-workers get it from the scheduler, once each, and act on it (or the rank shim keeps them
-running when they do not).
+More: docs/internals.md, ``train/rank/agent.py``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """A Python function as a rank's program (``cluster.submit(fn)``), run by the rank shim.
 
-The function travels as submitit pickled it (``submitit.helpers.DelayedSubmission``, with
-cloudpickle: a function defined in a notebook or in ``__main__`` goes too), in the job's
-``submitit/`` folder, by submitit's names: ``<job id>_submitted.pkl`` in, and each rank's
-``<job id>_<rank>_result.pkl`` out (``("success", value)`` or ``("error", traceback)``), on
-every backend. On SLURM, submitit (or, for a job that restarts inside its allocation, the
-kit) writes the pickle just after ``sbatch`` returns; the local launchers write it before any
-rank starts.
-
-This is submitit's own task runner (``submitit.core.submission.process_job``) but for one
-thing: signals. submitit makes SIGTERM a no-op in every task, which would leave the kit's
-cancel and a failed peer's teardown waiting for SIGKILL, without stacks. Here SIGTERM stays
-the shim's, and the job's time-limit signal (the spec's ``signal``) gets submitit's handler
-(checkpoint, if the function is a ``submitit.helpers.Checkpointable``, and requeue, on
-rank 0) only where SLURM can requeue the job (``requeue: true``); otherwise the shim's handler
-says it came and the function runs on. One signal, one handler.
+More: docs/internals.md, ``train/rank/function_program.py``.
 """
 
 from __future__ import annotations

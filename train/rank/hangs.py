@@ -4,18 +4,7 @@ All of it is ``faulthandler``, which writes from C straight to file descriptor 2
 log, see ``train.rank.output.redirect_to``): it works while the stuck thread holds the GIL in C
 code, where no Python-level thread or signal handler would run.
 
-- SIGTERM (srun's teardown after a peer died, a cancel): dump, then terminate as before, or
-  run the program's own handler (:func:`dumps_kept`).
-- ``DUMP_SIGNAL`` (``python -m cluster stacks``): dump and carry on. SIGURG is ignored by
-  default, so a snapshot taken before a rank registered it cannot kill that rank, and it is
-  neither SLURM's preemption signal here (USR1) nor submitit's (USR2).
-- :class:`StallWatchdog` (``train.stall_timeout_s``): faulthandler's C timer thread dumps and
-  exits 1 when no step completed in time, so ``srun --kill-on-bad-exit`` ends the job; before
-  the first step, :func:`startup_limit` (``startup_timeout_s``) does the same.
-
-:func:`collective_checks` turns on what torch itself can tell: TORCH_DISTRIBUTED_DEBUG=DETAIL
-(mismatched collectives, ranks missing a monitored barrier) and, for NCCL, the flight
-recorder, whose per-rank dumps land in the job's log directory.
+More: docs/internals.md, ``train/rank/hangs.py``.
 """
 
 from __future__ import annotations

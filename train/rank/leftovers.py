@@ -1,14 +1,6 @@
 """What a rank leaves running, ended once the rank is gone (the output stamper runs it).
 
-The rank leads a process group of its own (``train.rank.output.lead_own_group``), and whatever it started is in it: a DataLoader's workers,
-a program's children. Once the rank is gone (its stall watchdog's exit, SIGTERM, SIGKILL, the
-out-of-memory killer, or its end with children it never waited for), what is left of that group
-would outlive the job: on the local launcher, and under SLURM without proctrack/cgroup (the
-minicluster's linuxproc), a DataLoader worker stuck in its dataset ran on for its hour, holding
-the rank's pipes, and this process with them. So this process leaves the group at its start,
-and sends what is left of the group SIGTERM when the rank is gone, SIGKILL what ignores it
-``KILL_WAIT_S`` later, saying so in the rank's log. (A process that made a session of its own
-left the group, as it escapes SLURM's tracking by process group.)
+More: docs/internals.md, ``train/rank/leftovers.py``.
 """
 
 from __future__ import annotations

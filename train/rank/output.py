@@ -1,22 +1,6 @@
 """Per-rank output: timestamped lines, optionally redirected into the rank's log file.
 
-The timestamp lets the log inspector order events across ranks (which rank failed first).
-Redirection works at the file-descriptor level, so C++ warnings, faulthandler dumps and
-output of crashing code land in the same file as Python's prints. Every line is stamped at one
-place, the descriptor level: ``train.rank.stamper``, a process that reads descriptors 1 and 2
-through pipes, whoever wrote to them (Python's prints, NCCL, gloo, c10d, a C library, a child).
-``sys.stdout`` and ``sys.stderr`` stay the interpreter's own streams, as under torchrun
-(``buffer``, ``reconfigure``, ``encoding``, wrappers over ``.buffer``): a program sees no kit.
-The one difference, said here: stdout is flushed at each line (and each ``\\r``), as
-``python -u`` or ``PYTHONUNBUFFERED`` would, so that each line is dated when it is written
-and none is lost in a buffer when the stall watchdog or a signal ends the rank.
-
-The stamper is never a point of failure: the rank keeps a read end of its own pipes (a
-write never fails for want of a reader) and a thread watches the stamper's life; should it
-die, descriptors 1 and 2 go straight back to the log, unstamped from then on, the log says so
-on a line of its own, and the rank trains on. What it had read and not yet written when it
-was killed (one read of a pipe at most) is lost, and lines written at the moment of the
-switch can land a few lines out of order.
+More: docs/internals.md, ``train/rank/output.py``.
 """
 
 from __future__ import annotations

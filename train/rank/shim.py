@@ -1,37 +1,11 @@
 """``python -P -m train.rank.shim --job-dir DIR [options] (--script F | --module M | --function M:F | --command EXE | --submitit DIR) -- ARGS``
 
 The rank shim: what the kit does for every rank, around a user's program that knows nothing
-of it (it runs unchanged):
-- torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-  MASTER_ADDR, MASTER_PORT) from whichever launcher started the rank (``train.rank.dist_env``);
-- every output line timestamped, in the rank's log (``--rank-log``: the shim opens it, for
-  torchrun's workers; otherwise srun or the local launcher already point the output there);
-- every thread's stack in that log on SIGTERM (before the program's own handler, where it has
-  one), fatal signals and ``cluster stacks``;
-- progress from the optimizer's steps (torch's global optimizer-step hook): step records with
-  step times, and the stall watchdog, armed at the first step; before it, the start-up limit
-  (``--startup-timeout-s``) stops a rank that never gets to a first step, stacks in its log;
-- start and end records (``train.contract.protocol``), so ``cluster logs`` tells completed from failed,
-  killed, stalled, and "completed without training progress";
-- the job's time-limit signal (``--time-limit-signal``, the spec's ``signal``) never kills a
-  program that did not ask for it: the shim's handler logs that it came and that the program
-  runs on; a program that installs its own handler replaces the shim's and gets it, and gets
-  at its first step after one that came before; the program sees no handler where the shim's
-  is, as without the kit (``ProgramSignals``);
-- a program that exits 0 from its own SIGTERM handler was stopped, not finished: its end
-  record says ``terminated``.
+of it (it runs unchanged): torchrun's environment from any launcher, every line stamped in the
+rank's log, stacks on signals, progress and the stall watchdog from the optimizer's steps,
+start and end records, and the job's time-limit signal as the program expects it.
 
-A Python function submitted with ``cluster.submit(fn)`` (``--submitit``: its folder) runs in
-this process too (``train.rank.function_program``); on SLURM, submitit appends its own command line
-(``-u -m submitit.core._submit FOLDER``) to the shim it is given as the interpreter, and the
-shim does what that command would, in the rank's shim.
-
-Python programs run in this process, as ``python script.py`` or ``python -m module`` would run
-them (``sys.argv``, ``sys.path[0]``, ``__main__``). The kit's own packages (``train``,
-``cluster``) are dropped from ``sys.modules`` before: a user's ``train.py`` is the user's. A
-``command`` (any executable) runs as a child whose output is timestamped line by line and
-which gets the signals the rank gets (the time-limit signal from the scheduler alone, once);
-its progress cannot be seen.
+More: docs/internals.md, ``train/rank/shim.py``.
 """
 
 from __future__ import annotations

@@ -3,22 +3,7 @@ rank writes to its file descriptors 1 and 2, Python's prints and what is written
 C++ messages, any C library), so that the log inspector can date the lines that matter most
 on a GPU cluster.
 
-``train.rank.output.stamp_descriptors`` points the rank's descriptors 1 and 2 at pipes whose read
-ends (IN) this process copies to where they pointed before (OUT): a stamp before every line
-that has none, and a line break before what must start a line of its own (``OWN_LINE``).
-A separate process, not a thread: a rank that dies at once (the stall watchdog's exit,
-SIGKILL) loses nothing it wrote; this process reads to the end of its pipes and exits when
-the last writer is gone. Left as they are: lines already stamped (the kit's own notes,
-written with one ``os.write``), and faulthandler's dumps, which the inspector reads as one
-unstamped block dated by the line before it. It ignores every signal a launcher sends a
-step's processes (the time-limit signal, SIGTERM), so that it drains what is left.
-
-With ``--metrics`` it also reads each line the rank writes for metrics (``train.contract.metrics``: a
-loss in any of the shapes widely used trainers print) and keeps them, one record per step, in
-FILE, the step of a line that names none taken from the rank's PROGRESS file (the shim's count
-of optimizer steps, ``train.contract.protocol.ProgressFile``) when the line is read.
-
-It also ends what the rank leaves running, once the rank is gone (``train.rank.leftovers``).
+More: docs/internals.md, ``train/rank/stamper.py``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Warm restarts: ``python -P -m train.rank.standby serve`` and ``python -P -m train.rank.standby run -- PYTHON -P -m MODULE ...``.
 
-A rank's start-up on a node is mostly its imports: torch (0.7 s of CPU), then torch._dynamo,
-which ``torch.optim``'s first step imports (0.7 s more; docs/goodput.md), more where ranks share
-cores. A restart inside the allocation paid them again on every node. So, with restarts, every
-node of the allocation (the spares too) runs a standby beside the attempts (``serve``, an srun
-step of its own, started with the job): it imports what a rank imports, then waits on the
-node's socket. An attempt's task runs ``run`` in front of the rank's command: where the node's
-standby listens, it hands over its standard descriptors, environment, working directory, umask
-and CPU mask; the standby forks, and the child becomes the rank, imports done (the command's
-module runs as ``python -m`` would run it). Where none listens (the first attempt, while the
-standbys still import; a node without one), ``run`` executes the command itself: a cold start.
+Each node's standby imports what a rank imports (``serve``) and waits on the node's socket;
+an attempt's task runs ``run`` in front of the rank's command: where the standby listens, it
+forks a child that becomes the rank, imports done; where none does, ``run`` starts it cold.
 
-The task stays as the rank's stand-in for srun: it exits as the rank did (its code, or its
-signal) and passes SIGTERM and SIGINT on (``srun --kill-on-bad-exit`` ends a step through its
-tasks). Signals that SLURM sends to every step of the job (a cancel, the time-limit signal,
-``cluster stacks``' DUMP_SIGNAL) reach the rank directly, as a process of the standby's step:
-the task ignores them, and the standby passes on a SIGTERM only if it did not get one itself
-(then the rank got it too). A task that dies (SIGKILL after SLURM's KillWait) takes its rank's
-process group with it: the standby sees its connection close.
-
-Why a standby and not the survivors' own processes: a rank is a process of its attempt's srun
-step, which ends with the attempt, and a process whose collective failed is not reusable
-without the program's help (nvidia-resiliency-ext's in-process restart asks the program to be
-re-entrant and torch to abort its communicators); a fork of a process that imported torch, and
-never initialised CUDA or a process group, is what torch's DataLoader workers are too.
+More: docs/internals.md, ``train/rank/standby.py``.
 """
 
 from __future__ import annotations

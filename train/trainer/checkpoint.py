@@ -1,16 +1,6 @@
 """Atomic, resumable checkpoints: ``<run_dir>/checkpoints/step_0000100/`` + a ``latest`` pointer.
 
-Every rank takes part. torch.distributed.checkpoint (DCP) writes the model and optimizer:
-sharded strategies (FSDP, TP, pipeline stages) each write their own shards, replicated
-ones are deduplicated. Each rank adds its own RNG states, grad scaler and step, and where
-the optimizer state is its own (ZeRO-1's shard, param_avg's local optimizer) that state, and
-where replicas may differ (param_avg between averagings) its own parameters: such runs resume
-on the same number of ranks.
-A save goes to ``step_N.tmp/``, is renamed to ``step_N/`` once every rank has finished, and
-only then is ``latest`` replaced (temporary file + rename): a process killed at any point
-leaves the previous checkpoint in place and ``latest`` pointing at it. The data position is
-the step itself (the sampler derives the epoch and offset from it), so a resumed run reads
-exactly the batches the uninterrupted one would have.
+More: docs/internals.md, ``train/trainer/checkpoint.py``.
 """
 
 from __future__ import annotations

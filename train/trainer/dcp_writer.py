@@ -6,19 +6,7 @@ without one (``train.rank.output.leave``, SIGKILL, the out-of-memory killer, tor
 left it running, holding the launcher's stdout and stderr (issue 75: ``make test`` waited on
 them for ever) and a full host copy of the state. Two ways it was left:
 
-- **The writer's own start.** The writers form a gloo group of their own, on a port that
-  rank 0 picks with ``get_free_port`` (a port the kernel hands out, in the ephemeral range) and
-  its writer binds seconds later, once a fresh interpreter has imported torch. Under load an
-  outgoing connection took that port in between: rank 0's writer failed, rank 1's retried its
-  connection for gloo's 30 minutes, and torch records a writer only once it has started, so
-  nothing could stop it when its rank left. Here the port is picked below the ephemeral
-  range, where only an explicit bind takes one, and a writer is known from its spawn on
-  (``stop`` ends one still starting).
-- **Its parent's end.** Each writer watches its rank (``_leave_with_parent``): it exits
-  within ``PARENT_CHECK_S`` of the rank's end, however the rank ended, and a save it was
-  writing stays temporary (the rank publishes ``latest`` only once every rank's part is written).
-
-Where this torch has no process-based writer (before 2.8), nothing is installed.
+More: docs/internals.md, ``train/trainer/dcp_writer.py``.
 """
 
 from __future__ import annotations

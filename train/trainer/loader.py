@@ -2,15 +2,7 @@
 
 ``data.placement`` picks where the data set lives (:func:`placement`):
 
-- on the device (:class:`ResidentLoader`): drawn there once, each batch gathered there by
-  indices that are there too (:class:`~train.trainer.data.ShardedSampler` with ``device``): the host
-  never waits and never copies a batch. On the CPU the "device" is the host's memory.
-- on the host (:class:`StagedLoader`): a thread works ahead of the loop, gathers each batch
-  into a pinned buffer and copies it on a side stream; the loop's stream waits for that copy
-  only (an event), so the copy overlaps the previous step. On the CPU the same thread gathers
-  ahead into plain tensors.
-
-Both yield the very batches the sampler names (tests/unit/test_loader.py: equal tensors).
+More: docs/internals.md, ``train/trainer/loader.py``.
 """
 
 from __future__ import annotations

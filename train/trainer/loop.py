@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -148,6 +149,31 @@ class LossMeter:
         self.t0 = time.perf_counter()
 
 
+@dataclass
+class Outlets:
+    """Where this rank's run reports: its records, its TensorBoard events, its log's lines
+    (``say``: rank 0's, where the strategy reports)."""
+
+    writer: RecordWriter
+    board: Board
+    say: Callable[..., None]
+
+
+@dataclass
+class LoopState:
+    """The loop's state as one typed object (torchtitan's trainer holds its own): what the
+    loop's named parts read and change, instead of bags of positional parameters."""
+
+    ctx: Context  # the config, this rank, its device and parallel dimensions
+    trainable: Trainable
+    out: Outlets
+    schedule: Schedule
+    meter: LossMeter
+    ckpt: Checkpointer
+    data: Data
+    memory: int | None = None  # gradients' and optimizer state's bytes, once they all exist
+
+
 def run(cfg: Config, env: DistEnv, quiet: bool = False) -> dict:
     """Train according to ``cfg`` on this rank; returns the last step record."""
     return train(cfg, env, *setup(cfg, env), quiet=quiet)
@@ -160,39 +186,38 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
     say = print if trainable.reports and not quiet else (lambda *a, **k: None)
     writer = RecordWriter(t.run_dir, env.rank)
     announce(cfg, env, ctx, writer, say, quiet)
-    board = Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say)
+    out = Outlets(writer, Board(t.run_dir, t.tensorboard and env.rank == 0 and not quiet, say), say)
     scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
-    ckpt = Checkpointer(t.checkpoints, trainable, scaler, asdict(ctx.dims), writer, say, t, ctx.device)
+    ckpt = Checkpointer(ctx, trainable, scaler, out)
     start = ckpt.resume(env.world_size, ctx.dims.tp)
     data, loader, batches = training_batches(cfg, ctx, start)
     one_step = optimizer_step(cfg, ctx, trainable, scaler)
-    schedule, preempt = Schedule.of(t), armed(t.preempt_signal)  # armed already by python -m train
-    meter = LossMeter(ctx.device, t.batch_size)
+    s = LoopState(ctx, trainable, out, Schedule.of(t), LossMeter(ctx.device, t.batch_size), ckpt, data)
+    preempt = armed(t.preempt_signal)  # armed already by python -m train
     watchdog = StallWatchdog(t.stall_timeout_s)  # from the first step: until then, the start-up limit
     record: dict = {}
     finite: tuple[int, float] | None = None  # the last logged step with a finite loss
-    memory = None
     step = start
     try:
         for step in range(start + 1, t.steps + 1):
             with steady_state(ctx.device, t.sync_debug and step > start + 1):
                 faults.inject(t, step, env.rank, ctx.device, env.restart)
-                one_step(meter, batches)
+                one_step(s.meter, batches)
                 trainable.after_step(step)  # the strategy's own, after the optimizer (param_avg averages)
-            memory = memory or state_bytes(trainable)  # gradients and optimizer state all exist now
+            s.memory = s.memory or state_bytes(trainable)  # gradients and optimizer state all exist now
             trainable.optimizer.zero_grad(set_to_none=True)
-            meter.step_done()
+            s.meter.step_done()
             stepped(watchdog, writer, step, start)
-            if schedule.saves(step):
-                ckpt.save(step, meter, env.distributed, final=schedule.is_last(step))
-            if not schedule.logs(step):
+            if s.schedule.saves(step):
+                ckpt.save(step, s.meter, env.distributed, final=s.schedule.is_last(step))
+            if not s.schedule.logs(step):
                 continue
-            record = log_step(step, schedule, meter, trainable, data, env, writer, board, say, memory, t)
+            record = log_step(s, step)
             finite = check_finite(record, env.rank, finite) if t.stop_on_nonfinite else finite
-            if not schedule.is_last(step) and on_any_rank(preempt.raised, env.distributed, ctx.device):
-                record = stop_at_signal(step, schedule, ckpt, meter, env, writer, say, preempt.signal, record)
+            if not s.schedule.is_last(step) and on_any_rank(preempt.raised, env.distributed, ctx.device):
+                record = stop_at_signal(s, step, preempt.signal, record)
                 break
-            meter.restart_clock()
+            s.meter.restart_clock()
         if start >= t.steps:  # resumed from the final checkpoint: nothing left but to report it
             record = already_complete(start, trainable, data, writer, say)
     except Exception as exc:  # the rank protocol's failed record: the step this rank raised at
@@ -203,7 +228,7 @@ def train(cfg: Config, env: DistEnv, trainable: Trainable, ctx: Context, quiet: 
         ckpt.close()
         loader.close()
         writer.close()
-        board.close()
+        out.board.close()
     return record
 
 
@@ -341,15 +366,19 @@ class Checkpointer:
     save and the time-limit signal's wait for their own, and each write's outcome is recorded
     (``checkpoint_written``, or ``checkpoint_failed`` with the previous checkpoint latest)."""
 
-    def __init__(
-        self, ckpt_dir: Path, trainable: Trainable, scaler, layout: dict, writer: RecordWriter, say, t, device
-    ):
-        self.dir, self.trainable, self.scaler, self.layout = ckpt_dir, trainable, scaler, layout
-        self.writer, self.say, self.stop_on_nonfinite, self.device = writer, say, t.stop_on_nonfinite, device
+    def __init__(self, ctx: Context, trainable: Trainable, scaler, out: Outlets):
+        t = ctx.cfg.train
+        self.dir, self.trainable, self.scaler, self.layout = t.checkpoints, trainable, scaler, asdict(ctx.dims)
+        self.writer, self.say, self.stop_on_nonfinite, self.device = (
+            out.writer,
+            out.say,
+            t.stop_on_nonfinite,
+            ctx.device,
+        )
         self.unwritable_at = t.unwritable_ckpt_at_step
         # its writer's start waited for less than the stall watchdog and a collective would
         limit = min(checkpoint.WRITER_START_LIMIT_S, t.timeout_s / 2, (t.stall_timeout_s or math.inf) / 2)
-        self.saver = checkpoint.AsyncSaver(ckpt_dir, device, self.unwritable_at, limit) if t.ckpt_async else None
+        self.saver = checkpoint.AsyncSaver(self.dir, self.device, self.unwritable_at, limit) if t.ckpt_async else None
         if self.saver is not None:
             self.saver.warm_up()
 
@@ -441,33 +470,35 @@ class Checkpointer:
             self.saver.close()
 
 
-def log_step(step, schedule, meter, trainable, data, env, writer, board, say, memory, t) -> dict:
+def log_step(s: LoopState, step: int) -> dict:
     """A step record: the losses since the last (one host sync), an evaluation where it is
     due (and the replicas' check, train.check_sync), to the records, TensorBoard and the log."""
-    record = {"step": step, **meter.flush(env.distributed), "test_loss": None, "test_acc": None}
-    if schedule.evaluates(step):
-        if t.check_sync and trainable.synced(step):
-            check_replicas(trainable, step)
-        result = trainable.evaluate(data.x_test, data.y_test)
+    t, distributed = s.ctx.cfg.train, s.ctx.env.distributed
+    record = {"step": step, **s.meter.flush(distributed), "test_loss": None, "test_acc": None}
+    if s.schedule.evaluates(step):
+        if t.check_sync and s.trainable.synced(step):
+            check_replicas(s.trainable, step)
+        result = s.trainable.evaluate(s.data.x_test, s.data.y_test)
         if result is not None:
             record["test_loss"], record["test_acc"] = result
-    if schedule.is_last(step):
+    if s.schedule.is_last(step):
         record["final"] = True
-        record["state_bytes"] = memory
-    writer.write("step", **record)
-    board.step(record)
-    say(format_line(record, t.steps))
+        record["state_bytes"] = s.memory
+    s.out.writer.write("step", **record)
+    s.out.board.step(record)
+    s.out.say(format_line(record, t.steps))
     return record
 
 
-def stop_at_signal(step, schedule, ckpt, meter, env, writer, say, sig, record) -> dict:
+def stop_at_signal(s: LoopState, step: int, sig: signal.Signals, record: dict) -> dict:
     """The time-limit signal came to some rank: every rank saves (unless it just did) and stops."""
-    if schedule.saves_at_signal(step):
-        ckpt.save(step, meter, env.distributed, final=True)
-    elif ckpt.saver is not None:  # this step's save is in flight: the job stops only once it is written
-        ckpt.settle(env.distributed, step)
-    writer.write("preempted", step=step)
-    say(f"preemption signal ({sig.name}): checkpoint saved at step {step}")
+    distributed = s.ctx.env.distributed
+    if s.schedule.saves_at_signal(step):
+        s.ckpt.save(step, s.meter, distributed, final=True)
+    elif s.ckpt.saver is not None:  # this step's save is in flight: the job stops only once it is written
+        s.ckpt.settle(distributed, step)
+    s.out.writer.write("preempted", step=step)
+    s.out.say(f"preemption signal ({sig.name}): checkpoint saved at step {step}")
     return {**record, "preempted": True}
 
 

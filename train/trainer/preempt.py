@@ -1,18 +1,6 @@
 """Preemption and time limits: a signal sets a flag; the loop acts on it between steps.
 
-SLURM sends ``--signal=USR1@<seconds>`` ahead of a time limit or preemption (the job spec's
-``signal``, handed to the trainer as ``train.preempt_signal``). The handler is installed
-whether or not checkpoints are asked for: the signal must never kill a rank. The handler
-only sets a flag (no collective work inside a signal handler: it could interrupt one). At
-the next log interval, where ranks already meet, they agree on the flag with one small
-all_reduce (a rank that got the signal late still stops with the others), all save a
-checkpoint, and the job is requeued when ``train.requeue`` says so; the next attempt resumes
-from it.
-
-No torch here: ``python -m train`` arms the flag first thing, before torch's import. A rank's
-start-up (the import, the process group, a checkpoint's load) takes seconds, more on a loaded
-node, and the signal can come then (SLURM sends it up to 60 s early; a requeued job with a
-short limit gets it as it starts): unarmed, its default action would kill the rank unsaved.
+More: docs/internals.md, ``train/trainer/preempt.py``.
 """
 
 from __future__ import annotations

@@ -3,17 +3,7 @@ the allocation's nodes (``scontrol show hostnames``), those down (``sinfo``), th
 (``EndTime``), a requeue (``scontrol requeue``); the guard; and what the batch script runs
 between attempts, on the batch node, in the job's environment.
 
-``python -P -m cluster.backends.slurm.attempts start JOB_DIR``
-    the first attempt (or, after a requeue, the next one): prints ``NUMBER COUNT NODE,NODE,...``
-    (the attempt's number, its node count and its nodes).
-``python -P -m cluster.backends.slurm.attempts guard JOB_DIR --batch-node NODE``
-    runs as a step on another node of the allocation and requeues the job once SLURM reports
-    the batch node down: with ``--no-kill`` SLURM keeps the allocation of a job whose batch
-    node died (seen with 22.05: "Removing failed node n1 from JobId=...") and nothing would
-    start the next attempt; the requeue is the fallback where the allocation cannot go on.
-``python -P -m cluster.backends.slurm.attempts next JOB_DIR --exit-code N``
-    the attempt that just ended, triaged and recorded, and the next one printed the same way;
-    or the job's exit code (``cluster.restarts.attempts.next_attempt``).
+More: docs/internals.md, ``cluster/backends/slurm/attempts.py``.
 """
 
 from __future__ import annotations

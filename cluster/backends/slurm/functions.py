@@ -1,14 +1,6 @@
 """A Python function's job on SLURM (``cluster.submit(fn)``): submitit submits it.
 
-submitit's ``SlurmExecutor`` pickles the function (cloudpickle: a notebook's or ``__main__``'s
-function goes too) into ``submitit/`` inside the kit's job directory, writes its own sbatch
-script and submits it. The kit maps its request onto submitit's parameters (its ``#SBATCH``
-options, the spec's setup and environment, srun's options) and gives submitit the rank shim as
-the interpreter: submitit's command line, ``<python> -u -m submitit.core._submit <folder>``,
-becomes the shim, which runs the function in every task (``train.rank.function_program``) with the rank's
-log, records, progress, watchdog and stacks. ``--dry-run`` prints the script submitit writes
-(the same call of the same executor). Once submitted, the job is a SLURM job like any other:
-state, cancel, signals and stacks are the SLURM backend's.
+More: docs/internals.md, ``cluster/backends/slurm/functions.py``.
 """
 
 from __future__ import annotations

@@ -6,16 +6,7 @@ shard of the global batch and takes a full optimizer step with it alone; every
 the data-parallel ranks in one all_reduce of a single flat buffer. K > 1 is local SGD: K times
 less communication, and replicas that drift apart between averagings.
 
-When it equals gradient averaging (ddp): with K = 1, replicas start each step equal (w), and
-for SGD the update is linear in the gradient, so mean_i(w - lr*g_i) = w - lr*mean_i(g_i),
-which is ddp's step. That holds with momentum too, which the notes doubt: each rank's buffer
-b_i = m*b_i + g_i differs (the local optimizer states do diverge), but the averaged
-parameters only ever see mean_i(b_i), which obeys the same recursion over mean_i(g_i) as
-ddp's single buffer. Weight decay adds wd*w, the same on every rank. Only an optimizer whose
-update is not linear in the gradient (Adam: m/sqrt(v)) makes K = 1 differ from ddp;
-averaging its state as well (``parallel.average_optimizer_state``) makes the replicas' states
-equal after each averaging, not the mathematics equal to ddp (the mean of g^2 is not the square
-of the mean). The tests measure each of these.
+More: docs/internals.md, ``train/trainer/parallel/param_avg.py``.
 """
 
 from __future__ import annotations
