@@ -44,7 +44,7 @@ test: $(VENV)/.dev  ## the whole suite: unit, golden, real multi-process, real c
 	$(PY) tests/suite.py
 
 test-fast: $(VENV)/.dev  ## unit and golden tests only
-	$(PY) -m pytest -m "not slow and not slurm and not image and not clients and not browser"
+	$(PY) -m pytest -m "not slow and not slurm and not remote and not image and not clients and not browser"
 
 # On a GPU box's own environment (its CUDA torch, no package registry): make gpu-check PY=python3
 # skips the venv; that interpreter needs pytest, pyyaml and orjson (docs/benchmarking.md).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from bench import culprits, failures
@@ -83,3 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     (out.parent / "benchmarks.json").write_text(json.dumps(result, indent=1))
     say(f"wrote {out} and plots")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,10 +1,6 @@
 """Jobs that wait for jobs: ``cluster submit SPEC --after JOB[,JOB]`` (``--after-any``,
 ``--after-failed``), ``cluster.submit(..., after=[...])``.
 
-A parent is a job (its id or directory) or a sweep (its directory: over once its runner and
-every point have ended, ok where every point completed). Its outcome is its verdict as ``cluster
-logs`` reads it: ok (every rank completed) or failed (the first failure named). Conditions:
-
 More: docs/internals.md, ``cluster/dependencies.py``.
 """
 

@@ -37,5 +37,5 @@ def ranks_sum(scale):
     return total.item()
 
 
-job = cluster.submit(ranks_sum, 10.0, spec=SPEC, tasks_per_node=2)
+job = cluster.submit(ranks_sum, 10.0, spec=SPEC, overrides={"tasks_per_node": 2})
 print(f"function job {job.job_id}: rank 0 returned {job.result(timeout=600)}")

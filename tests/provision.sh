@@ -50,3 +50,9 @@ elif [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
 else
   echo "provision: no Docker engine answers (needs root and docker.io): the cluster=docker tier will skip" >&2
 fi
+# The remote tier's SSH server (Debian's OpenSSH on 127.0.0.1:2299, a user of its own), in
+# front of the minicluster: tests/support/remote_server.py.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -x /usr/sbin/sshd ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null
+fi
+"$PY" -m tests.support.remote_server start

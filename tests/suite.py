@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 SLURM = "slurm"
+REMOTE = "remote"  # in the SLURM session: its jobs run on the minicluster too
 NOTHING_COLLECTED = 5
 
 
@@ -46,9 +47,9 @@ def main(args: list[str]) -> int:
     with tempfile.NamedTemporaryFile("w+", prefix="kit-slurm-tier-", suffix=".log", delete=False) as log:
         path = Path(log.name)
         print(f"suite: the SLURM tier runs beside this session, its output in {path} (tail -f it)", flush=True)
-        slurm = subprocess.Popen([*pytest, "-m", SLURM], stdout=log, stderr=subprocess.STDOUT)
+        slurm = subprocess.Popen([*pytest, "-m", f"{SLURM} or {REMOTE}"], stdout=log, stderr=subprocess.STDOUT)
         try:
-            rest = subprocess.run([*pytest, "-m", f"not {SLURM}"]).returncode
+            rest = subprocess.run([*pytest, "-m", f"not {SLURM} and not {REMOTE}"]).returncode
             slurm_code = slurm.wait()
         except KeyboardInterrupt:  # stop the SLURM session too (it may not have had the SIGINT)
             if slurm.poll() is None:

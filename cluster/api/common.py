@@ -24,3 +24,12 @@ def override_texts(texts: tuple[str, ...] | list[str] = (), values: dict[str, An
 
 def source_of(job: str | Path | JobSpec) -> str:
     return "" if isinstance(job, JobSpec) else str(job)
+
+
+def waits_for(after: list | tuple, condition: str, log_dir: str) -> tuple[list, str]:
+    """The parent jobs ``after`` names (``Job``, ``SweepJob``, ids or directories), checked
+    (``cluster.dependencies``), with the condition."""
+    from cluster.dependencies import parents_of  # here: only a job that waits for others asks
+
+    paths = [str(getattr(p, "job_dir", None) or getattr(p, "path", p)) for p in after]
+    return (parents_of(paths, log_dir) if after else []), condition

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cluster.api.common import Say, override_texts
+from cluster.api.common import Say, override_texts, waits_for
 from cluster.backends import JobRef
 from cluster.backends.base import State
-from cluster.dependencies import dependents, parents_of, waiting_reason
+from cluster.dependencies import dependents, waiting_reason
 from cluster.goodput.ledger import format_line, ledger_of
 from cluster.jobdir import JobDir
 from cluster.logs.report import Report
@@ -48,8 +48,13 @@ class Job:
     ref: JobRef
 
     @classmethod
-    def attach(cls, job: str | Path, log_dir: str | Path = "runs") -> Job:
-        """The handle of a job given by its directory, or by its id under ``log_dir``."""
+    def attach(cls, job: str | Path, log_dir: str | Path = "runs", on: str | None = None) -> Job:
+        """The handle of a job given by its directory, or by its id under ``log_dir``; ``on``: of
+        a job on a named remote cluster (a ``cluster.remote.handle.RemoteJob``)."""
+        if on is not None:
+            from cluster.remote.handle import RemoteJob  # here: only remote work needs ssh
+
+            return RemoteJob(on, str(job), str(job))
         return cls(JobRef.of(JobDir.find(str(job), log_dir)))
 
     @property
@@ -229,9 +234,8 @@ def resume(
     if code not in ("snapshot", "now"):
         raise ConfigError("--code", f"snapshot (the run's) or now (the working tree), not {code!r}")
     job_dir = JobDir.find(str(job), log_dir)
-    parents = parents_of([str(p.job_dir if isinstance(p, Job) else p) for p in after], log_dir) if after else []
     texts = override_texts(overrides, values)
-    return Job(runs.resume(job_dir, texts, code == "now", (parents, after_condition)))
+    return Job(runs.resume(job_dir, texts, code == "now", waits_for(after, after_condition, str(log_dir))))
 
 
 def until_done(

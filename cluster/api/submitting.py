@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.api.common import Say, override_texts, source_of
+from cluster.api.common import Say, override_texts, source_of, waits_for
 from cluster.api.function_call import packed, split_call
 from cluster.api.job import Job
 from cluster.backends import JobRef, NeverStarts
-from cluster.dependencies import CONDITIONS, parents_of
+from cluster.dependencies import CONDITIONS
 from cluster.plan import Plan
 from cluster.provenance.snapshot_record import Snapshot
 from cluster.spec import JobSpec
@@ -55,6 +55,7 @@ def submit(
     overrides: dict[str, Any] | None = None,
     after: list | tuple = (),
     after_condition: str = "ok",
+    on: str | None = None,
     **values: Any,
 ) -> Job:
     """Submit the job to the spec's backend (``cluster submit``): a spec file or ``JobSpec``,
@@ -66,7 +67,15 @@ def submit(
     go in ``overrides`` (without it, for one release, a keyword that is not ``fn``'s parameter
     is the spec's, with a FutureWarning: ``function_call.split_call``).
     ``after``: jobs (``Job``, ``SweepJob``, ids or directories) it waits for, ``after_condition``
-    ``ok`` (they completed), ``any`` (they ended) or ``failed`` (one failed: a clean-up)."""
+    ``ok`` (they completed), ``any`` (they ended) or ``failed`` (one failed: a clean-up).
+    ``on``: a named remote cluster (``cluster-kit clusters``): the project travels there and the
+    job is a ``cluster.remote.handle.RemoteJob``."""
+    if on is not None:
+        if callable(job) or isinstance(job, JobSpec) or after:
+            raise ConfigError("on", "takes a spec file or a script here (not a function, a JobSpec or after=)")
+        from cluster.remote.handle import submit_there  # here: only remote work needs ssh and the shipping
+
+        return submit_there(on, str(job), override_texts(args, {**(overrides or {}), **values}))
     if after_condition not in CONDITIONS:
         raise ConfigError("after_condition", f"one of {', '.join(CONDITIONS)}, not {after_condition!r}")
     if callable(job):
@@ -78,13 +87,6 @@ def submit(
     texts = override_texts(args, values)
     the_spec, the_plan = load_spec(job, texts)
     return Job(submit_loaded(the_spec, the_plan, source_of(job), overrides=texts, after=waits))
-
-
-def waits_for(after: list | tuple, condition: str, log_dir: str) -> tuple[list, str]:
-    """The parent jobs ``after`` names (``Job``, ``SweepJob``, ids or directories), checked
-    (``cluster.dependencies``), with the condition."""
-    paths = [str(p.job_dir if isinstance(p, Job) else getattr(p, "path", p)) for p in after]
-    return (parents_of(paths, log_dir) if after else []), condition
 
 
 def submit_function(

@@ -5,7 +5,8 @@ can answer goes to its backend (``cluster.backends.base.Backend``): what would r
 it, its state, cancelling it, signalling its ranks, native stacks. The backend is chosen
 here: from the spec's ``cluster`` at submission (``get``) and from the job directory
 afterwards (``of``: plan.json records which backend ran the job). Adding a backend is one
-module that subclasses ``Backend`` and one line in ``BACKENDS`` (docs/backends.md).
+module that subclasses ``Backend``, one line in ``BACKENDS`` and its facts in ``facts.FACTS``
+(docs/backends.md).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import os
 import sys
 
 from cluster.cli.common import flag_overrides
+from cluster.remote import ON
 from train.contract.errors import ConfigError
 
 # name -> its line in --help, in --help's order (a command's DESCRIPTION, where it has one, says more)
@@ -40,6 +41,8 @@ COMMANDS = {
     "runs": "every run under a log root, newest first; and its index.html",
     "goodput": "predict the effective training time ratio at scale",
     "keys": "the job spec's keys, each with its default and a note",
+    "clusters": "the remote clusters you named: checked; setup installs the kit there",
+    "sync": "mirror a remote job's TensorBoard events (and logs) here",
 }
 PROG = "cluster-kit"
 WIDTH = 110  # --help's lines: an option and its help on one line each where they fit
@@ -79,6 +82,10 @@ def build_parser(argv: list[str]) -> Parser:
             command = importlib.import_module(f"{__name__}.{name}")
             p.description = getattr(command, "DESCRIPTION", help)
             command.add_arguments(p)
+            if name in ON:  # taken before parsing (main): a command run there parses its own arguments
+                p.add_argument(
+                    "--on", metavar="NAME", help="run it on a named remote cluster, over SSH (see: clusters)"
+                )
             p.set_defaults(run=command.run)
             positional = [a.metavar or a.dest for a in p._actions if not a.option_strings]
             p.usage = f"{PROG} {name} [options] {' '.join(positional)}".rstrip()
@@ -92,8 +99,21 @@ def split_program_args(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
 
 
+def take_on(argv: list[str]) -> tuple[str | None, list[str]]:
+    """``--on NAME`` (or ``--on=NAME``), and the arguments without it."""
+    for i, arg in enumerate(argv):
+        if arg == "--on" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2 :]
+        if arg.startswith("--on="):
+            return arg.partition("=")[2], argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
 def main(argv: list[str] | None = None) -> int:
     argv, program_args = split_program_args(sys.argv[1:] if argv is None else argv)
+    on, rest = take_on(argv)
+    if on is not None and rest and rest[0] in ON:
+        return run_there(rest[0], rest[1:], program_args, on)
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`submit job.yaml --dry-run nodes=4`): take the leftovers.
@@ -112,6 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `python -m cluster plan big.yaml | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def run_there(command: str, args: list[str], program_args: list[str] | None, on: str) -> int:
+    """The command on the cluster ``on`` (``cluster.remote``): bad input exits 2 here too."""
+    from cluster.remote.forward import forward  # here: only remote work needs ssh and the shipping
+    from cluster.remote.ssh import ConnectionLost  # as forward
+
+    try:
+        return forward(command, args, program_args, on)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ConnectionLost as exc:
+        print(f"error: the connection was lost: {exc}", file=sys.stderr)
+        return 1
 
 
 def cli() -> None:

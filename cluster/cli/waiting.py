@@ -18,7 +18,7 @@ def add_wait(parser) -> None:
     parser.add_argument(
         "--wait",
         action="store_true",
-        help="wait for the end, print the triage; exit 1 if a rank failed, 87 if it would fail again",
+        help="wait for the end, print the triage (exit 1: a rank failed; 87: it would again)",
     )
     parser.add_argument(
         "--keep-pending",

@@ -1,8 +1,5 @@
 """Goodput: where a job's time went, from its records (``train.contract.protocol``) and its attempts.
 
-The ledger cuts the job's wall time, from submission (spec.yaml's write) to its last record,
-into consecutive pieces, so that they add up to it exactly:
-
 More: docs/internals.md, ``cluster/goodput/ledger.py``.
 """
 

@@ -1,11 +1,5 @@
 """Hangs: which rank never reached the collective the others wait in, and where it was.
 
-In a hang the first error comes from a *waiting* rank (its collective times out, or its
-watchdog fires first), so "first error by time" names the wrong rank. The evidence that
-does name the culprit is each rank's last stack (faulthandler dumps from the stall
-watchdog, SIGTERM or a snapshot; or the traceback of its error) and torch's own messages
-under TORCH_DISTRIBUTED_DEBUG=DETAIL. Rules, in order:
-
 More: docs/internals.md, ``cluster/logs/stacks.py``.
 """
 

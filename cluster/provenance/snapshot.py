@@ -39,6 +39,7 @@ ALWAYS_EXCLUDED = (
 # Training's folders only at the project's root (a package's own runs/ module stays).
 NO_GIT_EXCLUDED = (".venv", "venv", "*.egg-info", ".mypy_cache", ".pytest_cache", ".ruff_cache", "/checkpoints",
                    "/runs", "/wandb", "/lightning_logs", "*.pt", "*.pth", "*.ckpt", "*.safetensors")  # fmt: skip
+ORIGIN = ".kit-origin.json"  # a project shipped from a laptop (cluster.remote.ship): its root, its git facts
 KITIGNORE = ".kitignore"  # in the project's root: what its snapshot leaves out, one pattern a line
 NOTICE_MB = 20.0  # a snapshot larger than this says what it took and how to leave things out
 LARGEST_SHOWN = 5
@@ -69,9 +70,21 @@ def git(cwd: str | Path, *args: str) -> str | None:
 
 
 def project_of(location: Path) -> tuple[Path, bool]:
-    """The project a program in ``location`` (a directory) belongs to, and whether git holds it."""
+    """The project a program in ``location`` (a directory) belongs to, and whether git holds it:
+    a git work tree; a project shipped from a laptop (``ORIGIN`` at its root); the directory."""
     top = git(location, "rev-parse", "--show-toplevel")
-    return (Path(top.strip()), True) if top else (location, False)
+    if top:
+        return Path(top.strip()), True
+    shipped = next((d for d in (location, *location.parents) if (d / ORIGIN).is_file()), None)
+    return (shipped or location), False
+
+
+def origin_of(root: Path) -> dict | None:
+    """A shipped project's origin: the laptop's host and path, its git facts and diff."""
+    try:
+        return json.loads((root / ORIGIN).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def excluded(rel: str, patterns: tuple[str, ...]) -> bool:
@@ -371,12 +384,16 @@ def take(
     digest = digest_of(manifest)
     store = log_root.absolute() / STORE
     notes = [f"{rel}: gone between listing and copying, not in the snapshot" for rel in vanished]
-    if not in_git:
+    origin = None if in_git else origin_of(root)
+    if not in_git and origin is None:
         notes.append(f"{root} is in no git work tree: the snapshot is its directory ({len(manifest)} files), less "
                      f"checkpoints, runs, *.pt and the like, and what {KITIGNORE} says")  # fmt: skip
     notes += size_note(root, stats)
     facts = git_facts(root, set(manifest), tuple(exclude)) if in_git else None
     diff = git_diff(root, facts["changed"]) if facts and facts["dirty"] else ""
+    if origin is not None and origin.get("git"):  # the laptop's commit and diff, and where the code came from
+        facts = {**(origin.get("git") or {}), "shipped_from": f"{origin.get('host')}:{origin.get('path')}"}
+        diff = origin.get("diff", "")
     tree, created = store / "trees" / digest, []
     if write:
         try:

@@ -1,8 +1,5 @@
 """Metric series from what a program already prints: no line of the kit in it.
 
-``parse_line`` reads one line of a rank's output (its stamp taken off) as a step and metrics,
-or as nothing, in the shapes that widely used trainers print:
-
 More: docs/internals.md, ``train/contract/metrics.py``.
 """
 

@@ -1,11 +1,5 @@
 """DCP's writing process (``train.ckpt_async``), held to its rank's life.
 
-torch's process-based ``async_save`` spawns one writer per rank, a daemon of the rank's
-``multiprocessing``: it ends with the rank's interpreter exit alone. A rank that leaves
-without one (``train.rank.output.leave``, SIGKILL, the out-of-memory killer, torchrun's SIGTERM)
-left it running, holding the launcher's stdout and stderr (issue 75: ``make test`` waited on
-them for ever) and a full host copy of the state. Two ways it was left:
-
 More: docs/internals.md, ``train/trainer/dcp_writer.py``.
 """
 

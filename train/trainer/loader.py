@@ -1,7 +1,5 @@
 """Batches for the loop, in (step, micro-step) order, from a data set kept on the device or on the host.
 
-``data.placement`` picks where the data set lives (:func:`placement`):
-
 More: docs/internals.md, ``train/trainer/loader.py``.
 """
 

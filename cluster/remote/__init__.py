@@ -1,0 +1,7 @@
+"""Every command against a remote cluster, from a laptop, over one SSH connection (``--on NAME``):
+named clusters (``clusters.py``), the connection (``ssh.py``), the code shipped once
+(``ship.py``), the commands run there and what comes back (``forward.py``), and the remote
+half, run by the same kit there (``serve.py``)."""
+
+# The commands that take --on NAME (cluster-kit sync and clusters are remote work of their own).
+ON = ("submit", "sweep", "status", "wait", "logs", "stacks", "cancel", "page", "diff", "rerun", "resume", "runs")

@@ -1,0 +1,97 @@
+"""``--on NAME``: a command of the kit run on a named cluster, as on its login node. The code
+travels first where the command submits it; the output comes back as it is printed there, a
+``logs --follow`` reconnects where the connection drops, and a page comes back as a file here.
+Nothing here decides a job's state: the kit there asks its scheduler."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from cluster.remote import ON
+from cluster.remote.clusters import RemoteCluster, find
+from cluster.remote.fetch import fetch_page
+from cluster.remote.ship import ship
+from cluster.remote.ssh import LOST, ConnectionLost, connect, session, why
+from cluster.remote.there import REFUSED, kit_command, refusal, unsaid
+from cluster.system.kit import kit_version
+from train.contract.errors import ConfigError
+
+SHIPS = ("submit", "sweep")  # and `resume --code now`: the working tree's code
+RECONNECTS = 5  # a following command's tries after the connection dropped
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def ships(command: str, args: list[str]) -> bool:
+    """Whether the command takes the code of the working tree here (``resume --code now`` too)."""
+    pairs = list(zip(args, args[1:]))
+    return command in SHIPS or (command == "resume" and ("--code=now" in args or ("--code", "now") in pairs))
+
+
+def forward(command: str, args: list[str], program_args: list[str] | None, name: str) -> int:
+    """``command args [-- program_args]`` on the cluster ``name``; its exit status."""
+    c = find(name)
+    if command not in ON:
+        raise ConfigError("--on", f"{command} runs here only; --on goes with {', '.join(ON)}")
+    version = kit_version()
+    connect(c)
+    cwd = "~"
+    if ships(command, args):
+        shipped = ship(c, version, Path.cwd())
+        what = (
+            f"{shipped.sent_files} of {shipped.files} files"
+            if shipped.sent_files
+            else f"none of {shipped.files} files (there already)"
+        )
+        say(f"code: {what} sent to {c.name}, {shipped.bytes:,} bytes")
+        cwd = shipped.cwd
+    if command == "page":
+        return fetch_page(c, version, args)
+    full = [command, *args, *(["--", *program_args] if program_args is not None else [])]
+    follows = command == "logs" and bool({"-f", "--follow"} & set(args))
+    return relay(c, version, kit_command(c, version, cwd, full), follows)
+
+
+def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
+    """The command there, its output here as it comes; a following one reconnects where the
+    connection drops (the lines already shown are not shown again)."""
+    shown = 0
+    for attempt in range(RECONNECTS + 1):
+        proc = subprocess.Popen(session(c, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        errors: list[bytes] = []
+        copier = threading.Thread(target=copy_errors, args=(proc.stderr, errors), daemon=True)
+        copier.start()
+        skip = shown
+        for line in proc.stdout:
+            if skip:
+                skip -= 1
+                continue
+            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.flush()
+            shown += 1
+        code = proc.wait()
+        copier.join()
+        stderr = b"".join(errors).decode(errors="replace")
+        if code == REFUSED and (refused := refusal(c, version, stderr)) is not None:
+            raise refused
+        if code != LOST:
+            return code
+        if not follows or attempt == RECONNECTS:
+            raise ConnectionLost(f"{c.target}: {why(stderr)}")
+        say(f"the connection to {c.name} dropped ({why(stderr)}): reconnecting")
+        connect(c)
+    return 1
+
+
+def copy_errors(stream, kept: list[bytes]) -> None:
+    """The command's stderr here as it comes, but for the refusals' own lines (said as errors)."""
+    for line in stream:
+        kept.append(line)
+        if shown := unsaid(line.decode(errors="replace")):
+            sys.stderr.write(shown)
+            sys.stderr.flush()
