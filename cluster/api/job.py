@@ -81,7 +81,7 @@ class Job:
             name, reason = (
                 ("ENDED", "its scheduler no longer lists it: cluster logs says how it ended")
                 if state.known
-                else ("UNKNOWN", "its scheduler cannot be asked from here")
+                else ("UNKNOWN", state.reason or "its scheduler cannot be asked from here")
             )
         if (waits := waiting_reason(self.ref.job_dir)) and not self.ref.job_dir.records_file(0).exists():
             name, reason = ("WAITING" if state.live else "NEVER RAN"), waits.removeprefix("never ran: ")  # --after

@@ -20,7 +20,8 @@ def code_line(record: dict) -> str:
         )
     else:
         what = f"{code['root']} (no git)"
-    return f"code {what} (snapshot {code['digest'][:8]}…)"
+    shipped = f", shipped from {git['shipped_from']}" if git and git.get("shipped_from") else ""
+    return f"code {what} (snapshot {code['digest'][:8]}…{shipped})"
 
 
 def one_line(record: dict) -> str:

@@ -45,7 +45,8 @@ def remote(tmp_path_factory):
     minicluster.start()
     base = tmp_path_factory.mktemp("laptop")
     home = remote_server.client_home(base / "home")
-    stale = remote_server.client_home(base / "stale", host_key_line=stale_key())
+    # a changed host key: its own name for the server, so that no shared connection of "test" serves it
+    stale = remote_server.client_home(base / "stale", host_key_line=stale_key(), hostname="localhost")
     log_root = f"~/runs-{os.getpid()}"
     config = home / ".config" / "cluster-kit"
     config.mkdir(parents=True)
@@ -63,6 +64,10 @@ def remote(tmp_path_factory):
     (project / "jobs").mkdir(parents=True)
     shutil.copy(ROOT / "jobs" / "multi_node.yaml", project / "jobs")
     (project / "crash.py").write_text(CRASH)
+    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "the laptop's commit"], check=True)
     env = {**os.environ, "HOME": str(home), "PATH": str(bin_dir), "PYTHONPATH": str(ROOT)}
     env.pop("XDG_CONFIG_HOME", None), env.pop("XDG_CACHE_HOME", None)
     run = Remote(env, project, home)
@@ -82,7 +87,7 @@ def stale_key() -> str:
     if not (folder / "key.pub").exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / "key")], check=True)
     kind, key = (folder / "key.pub").read_text().split()[:2]
-    return f"[127.0.0.1]:{remote_server.PORT} {kind} {key}\n"
+    return f"[localhost]:{remote_server.PORT} {kind} {key}\n"
 
 
 class Remote:
@@ -131,6 +136,8 @@ def test_a_job_there_trains_its_failure_is_named_here_and_unchanged_code_does_no
     logs = remote("logs", job, "--on", "test")
     assert "FIRST FAILURE: rank 1" in logs.stdout and "rank 1 broke at step 20" in logs.stdout, logs.stdout
     assert 'File "crash.py", line 8' in logs.stdout  # the path as the user wrote it, from the shipped project
+    commit = subprocess.run(["git", "-C", str(remote.project), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert f"code {commit.stdout[:7]}" in logs.stdout and "shipped from" in logs.stdout  # the laptop's commit
     page = remote("page", job, "--on", "test")
     assert page.returncode == 0, page.stderr
     local = remote.project / page.stdout.strip()
@@ -165,13 +172,13 @@ def test_logs_follow_reconnects_when_the_connection_drops(remote):
     lines = []
     for line in follow.stdout:
         lines.append(line)
-        if "step 100/2000" in line:
+        if " 100/2000 " in line:
             break
     assert remote("clusters", "close", "test").returncode == 0  # the master, and the session over it, gone
     rest, errors = follow.communicate(timeout=300)
     assert follow.returncode == 0, errors[-3000:]
-    assert "reconnecting" in errors and "step 2000/2000" in rest
-    assert sum("step 100/2000" in line for line in [*lines, *rest.splitlines()]) == 1  # no line shown twice
+    assert "reconnecting" in errors and "2000/2000 " in rest, (errors[-2000:], rest[-2000:], lines[-3:])
+    assert sum(" 100/2000 " in line for line in [*lines, *rest.splitlines()]) == 1  # no line shown twice
 
 
 @pytest.mark.parametrize("name, words", [

@@ -393,5 +393,5 @@ def runtime_versions(packages: dict[str, str] | None = None) -> dict[str, str | 
         "cuda": cuda,
         "nccl": next((v for k, v in packages.items() if k.startswith("nvidia-nccl")), None),
         "kit": packages.get("torch-cluster-kit"),
-        "kit_path": str(Path(__file__).resolve().parent.parent),  # where this rank's kit was imported from
+        "kit_path": str(Path(__file__).resolve().parents[2]),  # where this rank's kit was imported from
     }

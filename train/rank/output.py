@@ -76,7 +76,7 @@ def stamp_descriptors(metrics: tuple[str, str] | None = None) -> None:
         ],  # fmt: skip
         pass_fds=[*fds, alive_write],
         stdin=subprocess.DEVNULL,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # the kit's own train package
+        cwd=str(Path(__file__).resolve().parents[2]),  # the tree of the kit's own train package
     )
     os.close(alive_write)
     for fd, (_, write) in zip((1, 2), pipes):

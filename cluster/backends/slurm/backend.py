@@ -42,9 +42,20 @@ PENDING_REASONS = {
 NEVER_STARTS = {"PartitionConfig", "PartitionTimeLimit", "BadConstraints"}
 
 
+FORGOTTEN = "Invalid job id specified"  # scontrol's words for a job it no longer lists (MinJobAge)
+
+
+class Unanswered(RuntimeError):
+    """scontrol failed for another reason than a forgotten job: the controller did not answer."""
+
+
 def slurm_job(job_id: str) -> dict[str, str]:
-    """scontrol's fields of a job (JobState, Reason, NodeList, ...); empty when SLURM forgot it."""
+    """scontrol's fields of a job (JobState, Reason, NodeList, ...); empty when SLURM forgot it.
+    ``Unanswered`` where scontrol failed otherwise (a controller down or timing out): a failed
+    query never says a job is gone (SkyPilot#10457 lost a live allocation to one empty answer)."""
     out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True)
+    if out.returncode != 0 and FORGOTTEN not in out.stderr:
+        raise Unanswered(out.stderr.strip() or f"scontrol exited {out.returncode}")
     return dict(field.split("=", 1) for field in out.stdout.split() if "=" in field)
 
 
@@ -87,9 +98,11 @@ class SlurmJobs(Backend):
 
     def state(self, job: JobDir) -> State:
         try:
-            fields = slurm_job(job.job_id)
+            fields = slurm_job(job.job_id) or slurm_job(job.job_id)  # forgotten only when said twice
         except FileNotFoundError:  # no scontrol here: a job directory copied from elsewhere
             return State(None, known=False)
+        except Unanswered as exc:  # not an answer: the job may well run
+            return State(None, f"SLURM did not answer ({exc})", known=False)
         reason = pending_reason(fields)
         never = fields.get("Reason") in NEVER_STARTS and fields.get("JobState") == "PENDING"
         return State(fields.get("JobState"), reason, never)
