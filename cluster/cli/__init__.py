@@ -135,18 +135,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_there(command: str, args: list[str], program_args: list[str] | None, on: str) -> int:
-    """The command on the cluster ``on`` (``cluster.remote``): bad input exits 2 here too."""
+    """The command on the cluster ``on`` (``cluster.remote``): bad input exits 2 here too, a
+    lost connection 255 (never 1, a job's failure)."""
     from cluster.remote.forward import forward  # here: only remote work needs ssh and the shipping
-    from cluster.remote.ssh import ConnectionLost  # as forward
+    from cluster.remote.ssh import LOST, ConnectionLost  # as forward
 
     try:
         return forward(command, args, program_args, on)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except ConnectionLost as exc:
+    except ConnectionLost as exc:  # not the job's outcome (1, 87): ssh's own code for a lost connection
         print(f"error: the connection was lost: {exc}", file=sys.stderr)
-        return 1
+        return LOST
 
 
 def cli() -> None:

@@ -1,7 +1,7 @@
-"""Named remote clusters: ``~/.config/cluster-kit/clusters.yaml``, a project's own
-``.cluster-kit/clusters.yaml`` (nearest above the working directory; its entries win, name by
-name), and every ``Host`` alias of ``~/.ssh/config``, a cluster with the defaults. Pure but
-for reading those files."""
+"""Named remote clusters: ``~/.config/cluster-kit/clusters.yaml``, every ``Host`` alias of
+``~/.ssh/config`` (a cluster with the defaults), and a project's own ``.cluster-kit/clusters.yaml``
+(nearest above the working directory), which sets where a named cluster's jobs go, never how
+to connect. Pure but for reading those files."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from train.contract.errors import ConfigError
 
 CONFIG = "cluster-kit/clusters.yaml"  # under ~/.config (XDG_CONFIG_HOME)
 PROJECT_CONFIG = ".cluster-kit/clusters.yaml"  # in a project: nearest above the working directory
+# What a project's file may set of a cluster the user named: where its jobs go there. How to
+# connect (ssh, host, port, user, identity, jump, ssh_config: a ProxyCommand runs here) is not a
+# cloned repository's to say.
+PROJECT_KEYS = ("python", "kit_dir", "log_root", "partition", "account")
 
 
 @dataclass
@@ -57,11 +61,11 @@ def ssh_aliases(text: str) -> list[str]:
     return names
 
 
-def config_files(cwd: Path, home: Path) -> list[Path]:
-    """The clusters' files, the one that wins last: the user's, then the project's."""
+def config_files(cwd: Path, home: Path) -> tuple[Path | None, Path | None]:
+    """The user's clusters' file and the project's (None where there is none)."""
     user = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / CONFIG
     project = next((d / PROJECT_CONFIG for d in (cwd, *cwd.parents) if (d / PROJECT_CONFIG).is_file()), None)
-    return [p for p in (user, project) if p is not None and p.is_file()]
+    return (user if user.is_file() else None), project
 
 
 def known(cwd: Path | None = None, home: Path | None = None) -> dict[str, RemoteCluster]:
@@ -74,14 +78,33 @@ def known(cwd: Path | None = None, home: Path | None = None) -> dict[str, Remote
     own = "" if ssh_config == Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh" / "config" else str(ssh_config)
     for alias in ssh_aliases(ssh_config.read_text()) if ssh_config.is_file() else []:
         found[alias] = RemoteCluster(name=alias, ssh=alias, ssh_config=own)
-    for path in config_files(cwd, home):
-        entries = read_yaml(path) or {}
-        if not isinstance(entries, dict):
-            raise ConfigError(str(path), "expected a mapping of cluster names to their settings")
-        for name, entry in entries.items():
-            cluster = build(RemoteCluster, entry, f"{path}: {name}")
-            found[str(name)] = dataclasses.replace(cluster, name=str(name))
+    user, project = config_files(cwd, home)
+    for name, entry in entries_of(user).items():
+        found[name] = dataclasses.replace(build(RemoteCluster, entry, f"{user}: {name}"), name=name)
+    for name, entry in entries_of(project).items():  # where jobs go there; never how to connect
+        where = f"{project}: {name}"
+        if name not in found:
+            raise ConfigError(where, "a project's file adds to a cluster you named (~/.config or ~/.ssh/config)")
+        if bad := sorted(set(entry or {}) - set(PROJECT_KEYS)):
+            raise ConfigError(f"{where}.{bad[0]}", f"a project's file sets only {', '.join(PROJECT_KEYS)}: how to "
+                                                   "connect (ssh, host, jump ...) is yours alone, in ~/.config")  # fmt: skip
+        found[name] = merged(found[name], entry, where)
     return found
+
+
+def entries_of(path: Path | None) -> dict[str, dict]:
+    if path is None:
+        return {}
+    entries = read_yaml(path) or {}
+    if not isinstance(entries, dict):
+        raise ConfigError(str(path), "expected a mapping of cluster names to their settings")
+    return {str(name): entry or {} for name, entry in entries.items()}
+
+
+def merged(cluster: RemoteCluster, entry: dict, where: str) -> RemoteCluster:
+    """``cluster`` with a project's keys on top (checked as the schema checks them)."""
+    checked = build(RemoteCluster, {"ssh": cluster.ssh or "-", **entry}, where)
+    return dataclasses.replace(cluster, **{key: getattr(checked, key) for key in entry})
 
 
 def find(name: str, cwd: Path | None = None, home: Path | None = None) -> RemoteCluster:

@@ -11,8 +11,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+from cluster.provenance.snapshot import project_of
+from cluster.remote import TAR_MARK
 from cluster.remote.clusters import RemoteCluster, find
-from cluster.remote.ssh import connect, run
+from cluster.remote.ssh import Failed, connect, run
 from cluster.remote.there import REFUSED, kit_command, refusal, unsaid
 from cluster.system.kit import kit_version
 from train.contract.errors import ConfigError
@@ -22,19 +24,36 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def there(c: RemoteCluster, version: str, args: list[str], cwd: str = "~") -> bytes:
-    """A command of the kit there, its stdout; its refusals and failures raised."""
-    done = run(c, kit_command(c, version, cwd, args))
+def there(c: RemoteCluster, version: str, args: list[str], cwd: str = "~", ok: tuple[int, ...] = (0,),
+          input: bytes | None = None) -> bytes:  # fmt: skip
+    """A command of the kit there, its stdout; its refusals raised as bad input, another status
+    than ``ok`` as ``Failed`` (its code passed on)."""
+    done = run(c, kit_command(c, version, cwd, args), input=input)
     stderr = done.stderr.decode(errors="replace")
     if done.returncode == REFUSED and (refused := refusal(c, version, stderr)) is not None:
         raise refused
     sys.stderr.write(unsaid(stderr))
-    if done.returncode != 0:
-        raise ConfigError(c.name, f"{args[0]} there exited {done.returncode}")
+    if done.returncode not in ok:
+        raise Failed(args[0], done.returncode)
     return done.stdout
 
 
+def json_of(out: bytes):
+    """The JSON a command printed, after whatever a login shell printed first."""
+    text = out.decode()
+    start = min((i for i in (text.find("{"), text.find("[")) if i >= 0), default=0)
+    return json.JSONDecoder().raw_decode(text[start:])[0]
+
+
+def project_runs() -> Path:
+    """Where what comes back goes by default: the project's ``runs/``, which no snapshot takes
+    and git repositories commonly ignore (so it never travels back)."""
+    return project_of(Path.cwd().resolve())[0] / "runs"
+
+
 def unpack(data: bytes, into: Path) -> None:
+    """A tar packed there (``serve.pack``), after its mark, into ``into``."""
+    data = data[data.find(TAR_MARK) + len(TAR_MARK) :] if TAR_MARK in data else data
     into.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
         tar.extractall(into, filter="data")
@@ -52,9 +71,14 @@ def fetch_page(c: RemoteCluster, version: str, args: list[str]) -> int:
             out = arg.partition("=")[2]
         else:
             rest.append(arg)
+    if "--follow" in rest:
+        raise ConfigError("--follow", "page --on writes the page once and brings it here: run it again for a later one")
     job = next((a for a in rest if not a.startswith("-")), "job")
-    page = Path(out) if out else Path("runs") / f"remote-{c.name}" / Path(job).name / "page.html"
-    data = there(c, version, ["page", *rest])
+    page = Path(out) if out else project_runs() / f"remote-{c.name}" / Path(job).name / "page.html"
+    try:
+        data = there(c, version, ["page", *rest])
+    except Failed as exc:  # the command's own status, as on the login node
+        return exc.code
     unpack(data, page.parent)
     if page.name != "page.html":
         (page.parent / "page.html").replace(page)
@@ -69,13 +93,12 @@ def sync(name: str, job: str, logs: bool, to: Path) -> dict:
     c = find(name)
     version = kit_version()
     connect(c)
-    status = json.loads(there(c, version, ["status", job, "--json"]))
-    job_dir = status["log_dir"]
-    files = json.loads(there(c, version, ["listing", job_dir]))
+    job_dir = json_of(there(c, version, ["status", job, "--json"]))["log_dir"]
+    files = json_of(there(c, version, ["listing", job_dir]))
     wanted = {rel: st for rel, st in files.items() if rel.startswith("tensorboard/") or (logs and rel.endswith(".log"))}
     local = to / Path(job_dir).name
     changed = sorted(rel for rel, (size, mtime) in wanted.items() if not same(local / rel, size, mtime))
-    data = there(c, version, ["pack", job_dir, *changed]) if changed else b""
+    data = there(c, version, ["pack", job_dir, "-"], input="\n".join(changed).encode()) if changed else b""
     if changed:
         unpack(data, local)
         for rel in changed:  # their times as there: the next sync compares them

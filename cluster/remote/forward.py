@@ -54,7 +54,7 @@ def forward(command: str, args: list[str], program_args: list[str] | None, name:
         return fetch_page(c, version, args)
     full = [command, *args, *(["--", *program_args] if program_args is not None else [])]
     follows = command == "logs" and bool({"-f", "--follow"} & set(args))
-    return relay(c, version, kit_command(c, version, cwd, full), follows)
+    return relay(c, version, kit_command(c, version, cwd, full, streams=True), follows)
 
 
 def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
@@ -62,7 +62,10 @@ def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
     connection drops (the lines already shown are not shown again)."""
     shown = 0
     for attempt in range(RECONNECTS + 1):
-        proc = subprocess.Popen(session(c, command), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # stdin: a pipe held open while it runs, closed when this process ends (Ctrl-C too):
+        # the command there ends with it (serve --end-with-stdin), nothing waits for nobody
+        proc = subprocess.Popen(session(c, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)  # fmt: skip
         errors: list[bytes] = []
         copier = threading.Thread(target=copy_errors, args=(proc.stderr, errors), daemon=True)
         copier.start()
@@ -75,6 +78,7 @@ def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
             sys.stdout.buffer.flush()
             shown += 1
         code = proc.wait()
+        proc.stdin.close()
         copier.join()
         stderr = b"".join(errors).decode(errors="replace")
         if code == REFUSED and (refused := refusal(c, version, stderr)) is not None:

@@ -4,15 +4,15 @@ the kit here."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.remote.clusters import find
-from cluster.remote.fetch import fetch_page, there
+from cluster.remote.fetch import fetch_page, json_of, there
 from cluster.remote.ship import ship
 from cluster.remote.ssh import connect
 from cluster.system.kit import kit_version
+from train.contract.protocol import DETERMINISTIC_EXIT
 
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "ENDED", "NEVER RAN", "PREEMPTED", "OUT_OF_MEMORY", "NODE_FAIL")
 
@@ -23,28 +23,28 @@ class RemoteJob:
     job_id: str
     job_dir: str  # its directory there
 
-    def kit(self, *args: str) -> str:
+    def kit(self, *args: str, ok: tuple[int, ...] = (0,)) -> bytes:
         c = find(self.on)
         connect(c)
-        return there(c, kit_version(), list(args)).decode()
+        return there(c, kit_version(), list(args), ok=ok)
 
     def status(self) -> dict:
         """What ``cluster status --json`` prints there."""
-        return json.loads(self.kit("status", self.job_dir, "--json"))
+        return json_of(self.kit("status", self.job_dir, "--json"))
 
     def done(self) -> bool:
         return self.status()["state"] in ENDED
 
     def wait(self) -> dict:
-        """Wait there for the job to end; its triage (``logs --json``)."""
-        self.kit("wait", self.job_dir)
+        """Wait there for the job to end; its triage (``logs --json``), whatever its outcome."""
+        self.kit("wait", self.job_dir, ok=(0, 1, DETERMINISTIC_EXIT))
         return self.logs()
 
     def logs(self) -> dict:
-        return json.loads(self.kit("logs", self.job_dir, "--json"))
+        return json_of(self.kit("logs", self.job_dir, "--json", ok=(0, 1, DETERMINISTIC_EXIT)))
 
     def cancel(self) -> str:
-        return self.kit("cancel", self.job_dir)
+        return self.kit("cancel", self.job_dir).decode()
 
     def page(self, out: str | Path | None = None) -> Path:
         """The job's page, written there and fetched here; its path here."""
@@ -60,6 +60,5 @@ def submit_there(on: str, job: str, args: list[str]) -> RemoteJob:
     version = kit_version()
     connect(c)
     shipped = ship(c, version, Path.cwd())
-    out = there(c, version, ["submit", job, *args, "--json"], cwd=shipped.cwd).decode()
-    info = json.loads(out.splitlines()[0])
+    info = json_of(there(c, version, ["submit", job, *args, "--json"], cwd=shipped.cwd))
     return RemoteJob(on, str(info["job_id"]), info["log_dir"])

@@ -5,12 +5,12 @@ the cluster's ``python`` (the environment with torch and the kit's packages)."""
 from __future__ import annotations
 
 import io
-import json
 import shlex
 import tarfile
 
 from cluster.remote.clusters import RemoteCluster
-from cluster.remote.ssh import connect, remote_path, run
+from cluster.remote.fetch import json_of
+from cluster.remote.ssh import ConnectionLost, connect, remote_path, run
 from cluster.remote.there import kits_folder
 from cluster.system.kit import INSTALLED_MARK, KIT_ROOT, kit_files, kit_version
 from train.contract.errors import ConfigError
@@ -19,8 +19,8 @@ from train.contract.errors import ConfigError
 FACTS = r"""
 import json, os, shutil, subprocess, sys
 root, kits = (os.path.expanduser(p) for p in sys.argv[1:3])
-near = root
-while not os.path.exists(near):
+near = os.path.abspath(root)
+while not os.path.exists(near) and near != "/":
     near = os.path.dirname(near)
 sinfo = shutil.which("sinfo")
 slurm = subprocess.run([sinfo, "--version"], capture_output=True, text=True).stdout.strip() if sinfo else None
@@ -40,12 +40,12 @@ def check(c: RemoteCluster) -> dict:
     try:
         connect(c)
         done = run(c, f"{remote_path(c.python)} -c {shlex.quote(FACTS)} {remote_path(c.log_root)} {kits_folder(c)}")
-    except ConfigError as exc:
+    except (ConfigError, ConnectionLost) as exc:
         return {"name": c.name, "target": c.target, "error": str(exc)}
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         return {"name": c.name, "target": c.target, "error": f"{c.python} there: {said[-1] if said else 'failed'}"}
-    facts = json.loads(done.stdout)
+    facts = json_of(done.stdout)
     version = kit_version()
     facts["kit"] = (
         "this one"
@@ -66,8 +66,11 @@ def setup(c: RemoteCluster) -> str:
         for path in kit_files():
             tar.add(path, arcname=str(path.relative_to(KIT_ROOT)))
     staging = f"{kits_folder(c)}/.{version}.$$"
-    done = run(c, f"test -d {kit} && echo there && exit 0; mkdir -p {staging} && tar -xzf - -C {staging} && "
-                  f"touch {staging}/{INSTALLED_MARK} && mv {staging} {kit} && echo installed", input=data.getvalue())  # fmt: skip
+    # whole or not at all: a folder without its mark (a setup cut short) is replaced; two setups at
+    # once keep the first that completes
+    done = run(c, f"test -f {kit}/{INSTALLED_MARK} && echo there && exit 0; rm -rf {kit}; mkdir -p {staging} && "
+                  f"tar -xzf - -C {staging} && touch {staging}/{INSTALLED_MARK} && "
+                  f"{{ mv -T {staging} {kit} 2>/dev/null || rm -rf {staging}; }} && echo installed", input=data.getvalue())  # fmt: skip
     if done.returncode != 0:
         raise ConfigError(
             c.name, f"the kit could not be installed there: {done.stderr.decode(errors='replace').strip()}"

@@ -7,6 +7,8 @@ of its own: ``receive`` (code shipped once), ``pack`` and ``listing`` (what come
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import io
 import json
 import os
@@ -14,8 +16,10 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 from pathlib import Path
 
+from cluster.remote import TAR_MARK
 from cluster.system.kit import KIT_ROOT, kit_version
 
 VERSION_MISMATCH = 3  # and "kit-version <this one>" on stderr
@@ -62,18 +66,17 @@ def receive(into: Path) -> None:
     if missing:
         with tarfile.open(fileobj=stdin, mode="r|") as tar:
             for member in tar:
-                key = Path(member.name).name
-                target = objects / key[:2] / key
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as out:
-                    shutil.copyfileobj(tar.extractfile(member), out)
-                os.chmod(out.name, 0o555 if key.endswith(".x") else 0o444)
-                os.replace(out.name, target)
+                store(objects, Path(member.name).name, tar.extractfile(member).read())
     into.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=into, prefix=f".{digest}."))
     for rel, key in keys.items():
         (building / rel).parent.mkdir(parents=True, exist_ok=True)
-        os.link(objects / key[:2] / key, building / rel)
+        try:
+            os.link(objects / key[:2] / key, building / rel)
+        except OSError as exc:  # an object linked as often as the file system allows (EMLINK): a copy
+            if exc.errno != errno.EMLINK:
+                raise
+            shutil.copy2(objects / key[:2] / key, building / rel)
     try:
         building.rename(tree)
     except OSError:  # the same tree, built beside this one meanwhile
@@ -81,16 +84,37 @@ def receive(into: Path) -> None:
     reply({"tree": str(tree), "sent": len(missing)})
 
 
+def store(objects: Path, key: str, data: bytes) -> None:
+    """An object, its content checked against its name (a cut transfer stores nothing)."""
+    if hashlib.sha256(data).hexdigest() != key.removesuffix(".x"):
+        raise ValueError(f"object {key}: its content does not match its hash")
+    target = objects / key[:2] / key
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as out:
+        out.write(data)
+    os.chmod(out.name, 0o555 if key.endswith(".x") else 0o444)
+    os.replace(out.name, target)
+
+
 def listing(folder: Path) -> None:
     """Every file under ``folder``: its size and modification time, as JSON."""
-    found = {
-        str(p.relative_to(folder)): [p.stat().st_size, p.stat().st_mtime] for p in folder.rglob("*") if p.is_file()
-    }
+    found = {}
+    for path in folder.rglob("*"):
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # gone since it was listed (a running job)
+            continue
+        if path.is_file():
+            found[str(path.relative_to(folder))] = [st.st_size, st.st_mtime]
     print(json.dumps(found))
 
 
 def pack(base: Path, names: list[str]) -> None:
-    """The files ``names`` under ``base``, a tar on stdout."""
+    """The files ``names`` under ``base`` (``-``: their names on stdin, a line each), a tar on
+    stdout after ``TAR_MARK`` (what a login shell printed before it is no part of it)."""
+    if names == ["-"]:
+        names = [line.strip() for line in sys.stdin if line.strip()]
+    sys.stdout.buffer.write(TAR_MARK)
     with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
         for name in names:
             tar.add(base / name, arcname=name)
@@ -111,11 +135,22 @@ def page(args: list[str]) -> int:
         return code
 
 
+def end_with_stdin() -> None:
+    """The caller's connection is gone (its stdin closed: Ctrl-C there, or a reconnect): this
+    command ends too, rather than wait or follow for nobody. A job it submitted runs on."""
+    while os.read(0, 65536):  # the descriptor, not sys.stdin: its lock would hold up the interpreter's exit
+        pass
+    os._exit(130)
+
+
 def main(argv: list[str]) -> int:
     version, rest = argv[0], argv[1:]
     defaults = {"--log-root": "", "--partition": "", "--account": ""}
     while rest and rest[0] in defaults:
         defaults[rest[0]], rest = rest[1], rest[2:]
+    if rest and rest[0] == "--end-with-stdin":  # a laptop's command that streams: it ends with its caller
+        rest = rest[1:]
+        threading.Thread(target=end_with_stdin, name="kit-caller-watch", daemon=True).start()
     if version != kit_version():
         print(f"kit-version {kit_version()}", file=sys.stderr)
         return VERSION_MISMATCH

@@ -76,6 +76,9 @@ def ship(c: RemoteCluster, version: str, cwd: Path) -> Shipped:
         if not proc.stdin.closed:
             proc.stdin.flush()
         line = proc.stdout.readline()
+        while line and not line.startswith(b"{"):  # what a login shell printed first (a .bashrc's echo)
+            moved += len(line)
+            line = proc.stdout.readline()
         moved += len(line)
         if not line:
             if not proc.stdin.closed:

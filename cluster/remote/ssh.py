@@ -24,6 +24,14 @@ class ConnectionLost(RuntimeError):
     """The connection went away during a command (not bad input: a retry may succeed)."""
 
 
+class Failed(RuntimeError):
+    """A command of the kit there ended with a status of its own (a failed job's 1, ...)."""
+
+    def __init__(self, command: str, code: int):
+        super().__init__(f"{command} there exited {code}")
+        self.code = code
+
+
 def control_path() -> str:
     """Where the masters' sockets are, one per target (``%C``, a hash of it): a folder only this
     user can enter, its path short (a Unix socket's path has room for 107 bytes)."""
@@ -37,9 +45,11 @@ def control_path() -> str:
 
 
 def options(c: RemoteCluster) -> list[str]:
-    """ssh's options for ``c``: the shared socket, the timeouts, its port, key and jump host.
-    Host keys are ssh's own business (known_hosts, StrictHostKeyChecking): never overridden."""
+    """ssh's options for ``c``: the shared socket, the timeouts, its port, key and jump host;
+    and a host key checked strictly, whatever a config says (a changed or unknown one refused,
+    never accepted for the user: they check it with ssh once)."""
     found = ["-o", f"ControlPath={control_path()}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+             "-o", "StrictHostKeyChecking=yes",
              "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]  # fmt: skip
     if c.ssh_config:
         found = ["-F", os.path.expanduser(c.ssh_config), *found]
@@ -100,8 +110,9 @@ def close(c: RemoteCluster) -> bool:
 
 
 def session(c: RemoteCluster, command: str) -> list[str]:
-    """The argv of one session over the master running ``command`` in the login shell there."""
-    return argv(c, "-o", "ControlMaster=no", "-T") + ["--", command]
+    """The argv of one session over the master running ``command`` (POSIX shell) there: through
+    ``sh``, whatever the login shell is (tcsh, fish)."""
+    return argv(c, "-o", "ControlMaster=no", "-T") + ["--", f"exec sh -c {shlex.quote(command)}"]
 
 
 def run(c: RemoteCluster, command: str, input: bytes | None = None) -> subprocess.CompletedProcess:

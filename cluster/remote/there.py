@@ -7,6 +7,7 @@ import shlex
 
 from cluster.remote.clusters import RemoteCluster
 from cluster.remote.ssh import remote_path
+from cluster.system.kit import INSTALLED_MARK
 from train.contract.errors import ConfigError
 
 REFUSED = 3  # the kit there refused: another version, none of this one, no interpreter (said on stderr)
@@ -17,9 +18,10 @@ def kits_folder(c: RemoteCluster) -> str:
     return f"{remote_path(c.kit_dir)}/kits"
 
 
-def kit_command(c: RemoteCluster, version: str, cwd: str, args: list[str]) -> str:
+def kit_command(c: RemoteCluster, version: str, cwd: str, args: list[str], streams: bool = False) -> str:
     """A shell command there: in ``cwd``, the kit of ``version`` runs ``args`` (a command of
-    the kit's, or one of ``cluster.remote.serve``'s own), with ``c``'s defaults."""
+    the kit's, or one of ``cluster.remote.serve``'s own), with ``c``'s defaults. ``streams``:
+    the command ends when its caller's connection does (its stdin closes)."""
     kits = kits_folder(c)
     kit = f"{kits}/{version}"
     python = remote_path(c.python)
@@ -27,8 +29,10 @@ def kit_command(c: RemoteCluster, version: str, cwd: str, args: list[str]) -> st
     for key, value in (("--partition", c.partition), ("--account", c.account)):
         if value:
             defaults += [key, shlex.quote(value)]
+    if streams:
+        defaults.append("--end-with-stdin")
     return (
-        f"test -f {kit}/cluster/__init__.py || {{ echo kit-missing $(ls {kits} 2>/dev/null) >&2; exit {REFUSED}; }}; "
+        f"test -f {kit}/{INSTALLED_MARK} || {{ echo kit-missing $(ls {kits} 2>/dev/null) >&2; exit {REFUSED}; }}; "
         f"command -v {python} >/dev/null || {{ echo python-missing >&2; exit {REFUSED}; }}; "
         f"cd {remote_path(cwd)} && PYTHONPATH={kit} exec {python} -u -P -m cluster.remote.serve {version} "
         f"{' '.join(defaults)} {shlex.join(args)}"

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cluster.system import minicluster
+from cluster.system.poll import wait_until
 from tests.conftest import ROOT
 from tests.support import remote_server
 
@@ -46,7 +48,8 @@ def remote(tmp_path_factory):
     base = tmp_path_factory.mktemp("laptop")
     home = remote_server.client_home(base / "home")
     # a changed host key: its own name for the server, so that no shared connection of "test" serves it
-    stale = remote_server.client_home(base / "stale", host_key_line=stale_key(), hostname="localhost")
+    # (its config says StrictHostKeyChecking no, as many do: the kit refuses the changed key all the same)
+    stale = remote_server.client_home(base / "stale", host_key_line=stale_key(), hostname="localhost", strict=False)
     log_root = f"~/runs-{os.getpid()}"
     config = home / ".config" / "cluster-kit"
     config.mkdir(parents=True)
@@ -70,14 +73,15 @@ def remote(tmp_path_factory):
     subprocess.run([*git, "commit", "-qm", "the laptop's commit"], check=True)
     env = {**os.environ, "HOME": str(home), "PATH": str(bin_dir), "PYTHONPATH": str(ROOT)}
     env.pop("XDG_CONFIG_HOME", None), env.pop("XDG_CACHE_HOME", None)
-    run = Remote(env, project, home)
+    run = Remote(env, project, home, Path(log_root.replace("~", str(Path(f"~{remote_server.USER}").expanduser()))))
     assert shutil.which("sbatch", path=env["PATH"]) is None  # nothing of SLURM here
     done = run("clusters", "setup", "test")
     assert done.returncode == 0, done.stderr
     yield run
     run("clusters", "close", "test")
-    subprocess.run(["scancel", "-u", remote_server.USER], check=False)
-    shutil.rmtree(Path(log_root.replace("~", str(Path(f"~{remote_server.USER}").expanduser()))), ignore_errors=True)
+    subprocess.run(["scancel", "-u", remote_server.USER], check=False)  # the remote tier's user: its jobs alone
+    shutil.rmtree(run.log_root, ignore_errors=True)
+    shutil.rmtree(Path(f"~{remote_server.USER}").expanduser() / ".cluster-kit", ignore_errors=True)
 
 
 def stale_key() -> str:
@@ -91,8 +95,8 @@ def stale_key() -> str:
 
 
 class Remote:
-    def __init__(self, env: dict, project: Path, home: Path):
-        self.env, self.project, self.home = env, project, home
+    def __init__(self, env: dict, project: Path, home: Path, log_root: Path):
+        self.env, self.project, self.home, self.log_root = env, project, home, log_root
 
     def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=self.project, env=self.env,
@@ -160,7 +164,8 @@ def test_a_job_there_trains_its_failure_is_named_here_and_unchanged_code_does_no
     again = remote("sync", job, "--on", "test", "--logs")  # nothing changed there: nothing travels
     assert re.search(r": 0 of \d+ files fetched \(0 bytes\)", again.stdout), again.stdout
     # no command left an ssh process: only the master, which lives on until closed
-    assert all(" -M -N " in line for line in remote.ssh_processes()), remote.ssh_processes()
+    masters = remote.ssh_processes()
+    assert masters and all(" -M -N " in line for line in masters), masters
     assert remote("clusters", "close", "test").returncode == 0
     assert remote.ssh_processes() == []
 
@@ -188,8 +193,26 @@ def test_logs_follow_reconnects_when_the_connection_drops(remote):
     ("elsewhere", "the kit there is not this one"),
 ])  # fmt: skip
 def test_bad_input_exits_2_naming_it_and_submits_nothing(remote, name, words):
-    before = subprocess.run(["squeue", "-h", "-u", remote_server.USER, "-o", "%i"], capture_output=True, text=True)
+    jobs = remote.log_root / "multi-node"
+    before = sorted(jobs.iterdir()) if jobs.exists() else []
     done = remote("submit", "jobs/multi_node.yaml", *FIT, "--on", name)
     assert done.returncode == 2 and words in done.stderr and "Traceback" not in done.stderr, done.stderr
-    after = subprocess.run(["squeue", "-h", "-u", remote_server.USER, "-o", "%i"], capture_output=True, text=True)
-    assert after.stdout == before.stdout
+    assert (sorted(jobs.iterdir()) if jobs.exists() else []) == before  # no job directory: nothing submitted
+
+
+def serving(what: str) -> list[str]:
+    """The remote user's kit processes serving a laptop's ``what`` command."""
+    out = subprocess.run(["ps", "-ww", "-u", remote_server.USER, "-o", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "cluster.remote.serve" in line and f" {what} " in f"{line} "]
+
+
+def test_a_command_interrupted_here_ends_there_and_its_job_runs_on(remote):
+    submitted = remote("submit", "jobs/multi_node.yaml", *FIT, "train.steps=4000", "--on", "test")
+    job = job_id(submitted.stdout)
+    waiting = remote.popen("wait", job, "--on", "test")
+    wait_until(lambda: serving("wait"), 60, "the wait there")
+    waiting.send_signal(signal.SIGINT)
+    waiting.communicate(timeout=60)
+    wait_until(lambda: not serving("wait"), 60, "the wait there to end with its caller")
+    assert remote("status", job, "--on", "test").stdout.startswith(("RUNNING", "PENDING"))
+    assert remote("cancel", job, "--on", "test").returncode == 0

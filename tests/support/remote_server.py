@@ -74,10 +74,11 @@ def start() -> None:
     print(f"remote_server: sshd on 127.0.0.1:{PORT}, user {USER}")
 
 
-def client_home(home: Path, host_key_line: str | None = None, hostname: str = "127.0.0.1") -> Path:
+def client_home(home: Path, host_key_line: str | None = None, hostname: str = "127.0.0.1", strict: bool = True) -> Path:
     """A HOME whose ssh config names the server ``test`` (its key, its known host key: or
     ``host_key_line`` instead, a changed one; ``hostname``: another name of it, so that
-    ssh's shared connection to the first is not this one's)."""
+    ssh's shared connection to the first is not this one's; ``strict``: its config's own
+    StrictHostKeyChecking, which the kit overrides)."""
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(parents=True, mode=0o700, exist_ok=True)
     shutil.copy(STATE / "id", ssh_dir / "id")
@@ -85,7 +86,7 @@ def client_home(home: Path, host_key_line: str | None = None, hostname: str = "1
     (ssh_dir / "known_hosts").write_text(host_key_line or (STATE / "known_hosts").read_text())
     (ssh_dir / "config").write_text(
         f"Host test\n  HostName {hostname}\n  Port {PORT}\n  User {USER}\n  IdentityFile {ssh_dir / 'id'}\n"
-        f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
+        f"  IdentitiesOnly yes\n  StrictHostKeyChecking {'yes' if strict else 'no'}\n  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
     )
     return home
 

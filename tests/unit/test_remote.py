@@ -11,7 +11,7 @@ from cluster.remote.there import kit_command, refusal
 from train.contract.errors import ConfigError
 
 
-def test_an_ssh_configs_aliases_are_clusters_and_a_file_entry_wins_name_by_name(tmp_path):
+def test_ssh_aliases_are_clusters_and_a_projects_file_says_where_jobs_go_never_how_to_connect(tmp_path):
     home, project = tmp_path / "home", tmp_path / "project" / "src"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text("Host login *.example !bad\n  User me\nHost gpu-box # a comment\n")
@@ -21,14 +21,19 @@ def test_an_ssh_configs_aliases_are_clusters_and_a_file_entry_wins_name_by_name(
     )
     (project / ".cluster-kit").mkdir(parents=True)
     (project.parent / ".cluster-kit").mkdir()
-    (project.parent / ".cluster-kit" / "clusters.yaml").write_text("gpu-box: {host: 10.0.0.7, user: me, port: 2222}\n")
+    (project.parent / ".cluster-kit" / "clusters.yaml").write_text("gpu-box: {log_root: /project/runs}\n")
     found = known(cwd=project, home=home)
     assert sorted(found) == ["gpu-box", "login"]
     assert found["login"] == RemoteCluster(name="login", ssh="login", ssh_config=str(home / ".ssh" / "config"))
-    assert found["gpu-box"].target == "me@10.0.0.7" and found["gpu-box"].port == 2222  # the project's wins
+    assert found["gpu-box"].target == "gpu-box" and found["gpu-box"].log_root == "/project/runs"  # the project's
     with pytest.raises(ConfigError) as raised:
         find("logn", cwd=project, home=home)
     assert raised.value.key == "--on" and "did you mean 'login'?" in str(raised.value)
+    # how to connect is never a cloned repository's to say (a ProxyCommand would run here)
+    (project.parent / ".cluster-kit" / "clusters.yaml").write_text("gpu-box: {ssh_config: ./evil, log_root: /x}\n")
+    with pytest.raises(ConfigError) as raised:
+        known(cwd=project, home=home)
+    assert raised.value.key.endswith("gpu-box.ssh_config") and "how to connect" in str(raised.value)
 
 
 def test_a_clusters_unknown_key_is_named(tmp_path):
@@ -86,3 +91,20 @@ def test_the_kit_theres_refusals_are_bad_input_naming_the_cluster():
     assert "clusters setup a" in str(refusal(c, "v2", "kit-missing v1 v0\n"))
     assert "version v1, here v2" in str(refusal(c, "v2", "kit-version v1\n"))
     assert refusal(c, "v2", "Traceback ...\n") is None
+
+
+def test_what_comes_back_is_read_after_what_a_login_shell_printed_first(tmp_path):
+    import io
+    import tarfile
+
+    from cluster.remote import TAR_MARK
+    from cluster.remote.fetch import json_of, unpack
+
+    assert json_of(b'welcome to the cluster!\n{"log_dir": "/r/1"}\n') == {"log_dir": "/r/1"}
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w") as tar:
+        info = tarfile.TarInfo("tensorboard/events")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    unpack(b"motd line\n" + TAR_MARK + packed.getvalue(), tmp_path)
+    assert (tmp_path / "tensorboard" / "events").read_bytes() == b"ok"
