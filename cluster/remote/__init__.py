@@ -5,4 +5,6 @@ half, run by the same kit there (``serve.py``)."""
 
 # The commands that take --on NAME (cluster-kit sync and clusters are remote work of their own).
 ON = ("submit", "sweep", "status", "wait", "logs", "stacks", "cancel", "page", "diff", "rerun", "resume", "runs")
+# The commands that submit a job: its project travels first, its overrides take the cluster's defaults.
+SUBMITS = ("submit", "sweep")
 TAR_MARK = b"KIT-TAR\n"  # where a tar packed there begins on stdout (cluster.remote.serve.pack)

@@ -15,7 +15,7 @@ from cluster.provenance.snapshot import project_of
 from cluster.remote import TAR_MARK
 from cluster.remote.clusters import RemoteCluster, find
 from cluster.remote.ssh import Failed, connect, run
-from cluster.remote.there import REFUSED, kit_command, refusal, unsaid
+from cluster.remote.there import kit_command, raise_refusal, unsaid
 from cluster.system.kit import kit_version
 from train.contract.errors import ConfigError
 
@@ -30,8 +30,7 @@ def there(c: RemoteCluster, version: str, args: list[str], cwd: str = "~", ok: t
     than ``ok`` as ``Failed`` (its code passed on)."""
     done = run(c, kit_command(c, version, cwd, args), input=input)
     stderr = done.stderr.decode(errors="replace")
-    if done.returncode == REFUSED and (refused := refusal(c, version, stderr)) is not None:
-        raise refused
+    raise_refusal(c, version, done.returncode, stderr)
     sys.stderr.write(unsaid(stderr))
     if done.returncode not in ok:
         raise Failed(args[0], done.returncode)

@@ -10,27 +10,22 @@ import sys
 import threading
 from pathlib import Path
 
-from cluster.remote import ON
+from cluster.remote import ON, SUBMITS
 from cluster.remote.clusters import RemoteCluster, find
-from cluster.remote.fetch import fetch_page
+from cluster.remote.fetch import fetch_page, say
 from cluster.remote.ship import ship
 from cluster.remote.ssh import LOST, ConnectionLost, connect, session, why
-from cluster.remote.there import REFUSED, kit_command, refusal, unsaid
+from cluster.remote.there import kit_command, raise_refusal, unsaid
 from cluster.system.kit import kit_version
 from train.contract.errors import ConfigError
 
-SHIPS = ("submit", "sweep")  # and `resume --code now`: the working tree's code
 RECONNECTS = 5  # a following command's tries after the connection dropped
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def ships(command: str, args: list[str]) -> bool:
     """Whether the command takes the code of the working tree here (``resume --code now`` too)."""
     pairs = list(zip(args, args[1:]))
-    return command in SHIPS or (command == "resume" and ("--code=now" in args or ("--code", "now") in pairs))
+    return command in SUBMITS or (command == "resume" and ("--code=now" in args or ("--code", "now") in pairs))
 
 
 def forward(command: str, args: list[str], program_args: list[str] | None, name: str) -> int:
@@ -81,8 +76,7 @@ def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
         proc.stdin.close()
         copier.join()
         stderr = b"".join(errors).decode(errors="replace")
-        if code == REFUSED and (refused := refusal(c, version, stderr)) is not None:
-            raise refused
+        raise_refusal(c, version, code, stderr)
         if code != LOST:
             return code
         if not follows or attempt == RECONNECTS:

@@ -19,11 +19,10 @@ import tempfile
 import threading
 from pathlib import Path
 
-from cluster.remote import TAR_MARK
+from cluster.remote import SUBMITS, TAR_MARK
 from cluster.system.kit import KIT_ROOT, kit_version
 
 VERSION_MISMATCH = 3  # and "kit-version <this one>" on stderr
-SHIPS = ("submit", "sweep")  # their spec's overrides take the cluster's defaults
 FINDS_JOBS = ("status", "wait", "cancel", "logs", "page", "stacks", "rerun", "resume", "diff", "goodput", "runs")
 KIT_DIR = KIT_ROOT.parent.parent  # <kit_dir>/kits/<version>: this kit's home there
 
@@ -32,7 +31,7 @@ def with_defaults(command: str, args: list[str], log_root: str, partition: str, 
     """``args`` with the cluster's defaults where they give none: a job's ``log_dir``,
     ``partition`` and ``account`` overrides (before a program's own ``--`` arguments), or a
     reader's ``--log-dir``."""
-    if command in SHIPS:
+    if command in SUBMITS:
         cut = args.index("--") if "--" in args else len(args)
         given = {a.partition("=")[0] for a in args[:cut] if "=" in a and not a.startswith("-")}
         extra = [f"{key}={value}" for key, value in (("log_dir", log_root), ("partition", partition),

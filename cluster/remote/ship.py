@@ -27,7 +27,7 @@ from cluster.provenance.snapshot import (
 )
 from cluster.remote.clusters import RemoteCluster
 from cluster.remote.ssh import LOST, ConnectionLost, session, why
-from cluster.remote.there import kit_command, refusal
+from cluster.remote.there import kit_command, raise_refusal
 from train.contract.errors import ConfigError
 
 MAX_MB = 100.0  # as a snapshot's default limit
@@ -85,8 +85,7 @@ def ship(c: RemoteCluster, version: str, cwd: Path) -> Shipped:
                 proc.stdin.close()
             stderr = proc.stderr.read().decode(errors="replace")
             code = proc.wait()
-            if (refused := refusal(c, version, stderr)) is not None:
-                raise refused
+            raise_refusal(c, version, code, stderr)
             if code == LOST:
                 raise ConnectionLost(f"{c.target}: {why(stderr)}")
             raise ConfigError(c.name, f"the code could not be sent (exit {code}): {stderr.strip()[-500:]}")

@@ -56,6 +56,12 @@ def refusal(c: RemoteCluster, version: str, stderr: str) -> ConfigError | None:
     return None
 
 
+def raise_refusal(c: RemoteCluster, version: str, code: int, stderr: str) -> None:
+    """A command there that exited ``REFUSED`` with a refusal's line: that refusal, raised."""
+    if code == REFUSED and (refused := refusal(c, version, stderr)) is not None:
+        raise refused
+
+
 def unsaid(stderr: str) -> str:
     """``stderr`` without the refusals' own lines (they are said as errors)."""
     return "".join(line for line in stderr.splitlines(keepends=True) if line.split(" ", 1)[0].strip() not in SAID)
