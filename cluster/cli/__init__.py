@@ -18,7 +18,7 @@ import os
 import sys
 
 from cluster.cli.common import flag_overrides
-from cluster.remote import ON
+from cluster.remote import LOST, ON, ConnectionLost, Failed
 from train.contract.errors import ConfigError
 
 # name -> its line in --help, in --help's order (a command's DESCRIPTION, where it has one, says more)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     argv, program_args = split_program_args(sys.argv[1:] if argv is None else argv)
     on, rest = take_on(argv)
     if on is not None and rest and rest[0] in ON:
-        return run_there(rest[0], rest[1:], program_args, on)
+        return ended(lambda: run_there(rest[0], rest[1:], program_args, on))
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`submit job.yaml --dry-run nodes=4`): take the leftovers.
@@ -124,30 +124,32 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     if hasattr(args, "overrides"):
         args.overrides += flag_overrides(args) + ([f"program.args={json.dumps(program_args)}"] if program_args else [])
+    return ended(lambda: args.run(args))
+
+
+def ended(command) -> int:
+    """A command's exit status: its own; bad input 2, naming the key; a lost connection to a
+    remote cluster 255 (never 1, a job's failure); a remote command's own status as its."""
     try:
-        return args.run(args)
+        return command()
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ConnectionLost as exc:
+        print(f"error: the connection was lost: {exc}", file=sys.stderr)
+        return LOST
+    except Failed as exc:
+        return exc.code
     except BrokenPipeError:  # `python -m cluster plan big.yaml | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
 def run_there(command: str, args: list[str], program_args: list[str] | None, on: str) -> int:
-    """The command on the cluster ``on`` (``cluster.remote``): bad input exits 2 here too, a
-    lost connection 255 (never 1, a job's failure)."""
+    """The command on the cluster ``on`` (``cluster.remote``)."""
     from cluster.remote.forward import forward  # here: only remote work needs ssh and the shipping
-    from cluster.remote.ssh import LOST, ConnectionLost  # as forward
 
-    try:
-        return forward(command, args, program_args, on)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionLost as exc:  # not the job's outcome (1, 87): ssh's own code for a lost connection
-        print(f"error: the connection was lost: {exc}", file=sys.stderr)
-        return LOST
+    return forward(command, args, program_args, on)
 
 
 def cli() -> None:

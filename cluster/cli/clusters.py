@@ -5,11 +5,10 @@ aliases), each checked: reachable, its SLURM, the kit there, the free space unde
 from __future__ import annotations
 
 import json
-import sys
 
 from cluster.remote.clusters import find, known
 from cluster.remote.install import check, setup
-from cluster.remote.ssh import LOST, ConnectionLost, close
+from cluster.remote.ssh import close
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
 EXAMPLE = "cluster-kit clusters setup mycluster; cluster-kit submit jobs/multi_node.yaml --on mycluster --wait"
@@ -30,14 +29,6 @@ def line(facts: dict) -> str:
 
 
 def run(args) -> int:
-    try:
-        return act(args)
-    except ConnectionLost as exc:
-        print(f"error: the connection was lost: {exc}", file=sys.stderr)
-        return LOST
-
-
-def act(args) -> int:
     action = args.words[0] if args.words and args.words[0] in ("setup", "close") else "check"
     names = args.words[1:] if action != "check" else args.words
     if action == "setup":

@@ -5,11 +5,9 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from cluster.remote.fetch import project_runs, sync
-from cluster.remote.ssh import LOST, ConnectionLost, Failed
 
 DESCRIPTION = __doc__.split("\n\n")[0].replace("``", "")
 EXAMPLE = "cluster-kit sync 12345 --on mycluster && tensorboard --logdir runs/remote-mycluster"
@@ -24,13 +22,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    try:
-        done = sync(args.on, args.job, args.logs, Path(args.to) if args.to else project_runs() / f"remote-{args.on}")
-    except ConnectionLost as exc:
-        print(f"error: the connection was lost: {exc}", file=sys.stderr)
-        return LOST
-    except Failed as exc:
-        return exc.code
+    done = sync(args.on, args.job, args.logs, Path(args.to) if args.to else project_runs() / f"remote-{args.on}")
     if args.json:
         print(json.dumps(done))
     else:

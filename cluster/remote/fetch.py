@@ -12,9 +12,9 @@ import tarfile
 from pathlib import Path
 
 from cluster.provenance.snapshot import project_of
-from cluster.remote import TAR_MARK
+from cluster.remote import TAR_MARK, Failed
 from cluster.remote.clusters import RemoteCluster, find
-from cluster.remote.ssh import Failed, connect, run
+from cluster.remote.ssh import connect, run
 from cluster.remote.there import kit_command, raise_refusal, unsaid
 from cluster.system.kit import kit_version
 from train.contract.errors import ConfigError

@@ -10,11 +10,11 @@ import sys
 import threading
 from pathlib import Path
 
-from cluster.remote import ON, SUBMITS
+from cluster.remote import LOST, ON, SUBMITS, ConnectionLost
 from cluster.remote.clusters import RemoteCluster, find
 from cluster.remote.fetch import fetch_page, say
 from cluster.remote.ship import ship
-from cluster.remote.ssh import LOST, ConnectionLost, connect, session, why
+from cluster.remote.ssh import connect, session, why
 from cluster.remote.there import kit_command, raise_refusal, unsaid
 from cluster.system.kit import kit_version
 from train.contract.errors import ConfigError

@@ -8,9 +8,10 @@ import io
 import shlex
 import tarfile
 
+from cluster.remote import ConnectionLost
 from cluster.remote.clusters import RemoteCluster
 from cluster.remote.fetch import json_of
-from cluster.remote.ssh import ConnectionLost, connect, remote_path, run
+from cluster.remote.ssh import connect, remote_path, run
 from cluster.remote.there import kits_folder
 from cluster.system.kit import INSTALLED_MARK, KIT_ROOT, kit_files, kit_version
 from train.contract.errors import ConfigError

@@ -25,8 +25,9 @@ from cluster.provenance.snapshot import (
     project_of,
     read_files,
 )
+from cluster.remote import LOST, ConnectionLost
 from cluster.remote.clusters import RemoteCluster
-from cluster.remote.ssh import LOST, ConnectionLost, session, why
+from cluster.remote.ssh import session, why
 from cluster.remote.there import kit_command, raise_refusal
 from train.contract.errors import ConfigError
 

@@ -12,24 +12,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cluster.remote import LOST, ConnectionLost
 from cluster.remote.clusters import RemoteCluster
 from train.contract.errors import ConfigError
 
 CONTROL_PERSIST_S = 600  # the master's life after its last session
 CONNECT_TIMEOUT_S = 8  # a host that does not answer is said within 10 s
-LOST = 255  # ssh's exit status when the connection failed or was lost
-
-
-class ConnectionLost(RuntimeError):
-    """The connection went away during a command (not bad input: a retry may succeed)."""
-
-
-class Failed(RuntimeError):
-    """A command of the kit there ended with a status of its own (a failed job's 1, ...)."""
-
-    def __init__(self, command: str, code: int):
-        super().__init__(f"{command} there exited {code}")
-        self.code = code
 
 
 def control_path() -> str:
