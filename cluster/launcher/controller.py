@@ -6,13 +6,14 @@ More: docs/internals.md, ``cluster/launcher/controller.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -174,7 +175,7 @@ class Controller:
         """This node's tasks of the step, each with its log appended to, like ``srun --output``."""
         self.procs = []
         for task in self.mine(step):
-            with open(task["log"], "ab") as log:
+            with open(task["log"], "ab") as log, self.time_limit_signal_blocked():
                 self.procs.append(
                     subprocess.Popen(
                         task["command"],
@@ -185,6 +186,18 @@ class Controller:
                     )  # fmt: skip
                 )
             self.say(f"  task {len(self.procs) - 1}: pid {self.procs[-1].pid}: {shlex.join(task['command'])[:300]}")
+
+    @contextlib.contextmanager
+    def time_limit_signal_blocked(self) -> Iterator[None]:
+        """A task starts with the time-limit signal blocked (the mask outlives exec): one that
+        comes while it starts waits for the handler of the rank's shim or agent, which unblocks
+        it, instead of killing the task with the default action before it has one."""
+        mask = {self.time_limit_signal} if self.time_limit_signal else set()
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, mask)
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
     def mine(self, step: dict) -> list[dict]:
         return [t for t in step["tasks"] if self.node is None or t["node"] == self.node]

@@ -95,6 +95,29 @@ def test_a_script_that_handles_the_signal_gets_it_once_even_with_steps_longer_th
 
 
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
+def test_a_signal_as_the_job_starts_kills_no_process_of_it(launcher, tmp_path):
+    """The signal a whole minute before a one-minute limit: sent as the tasks start, before
+    any Python has a handler (a requeued job with a short limit; a loaded node's slow start).
+    Its default action ended the job (exit 138): now each task starts with it blocked and the
+    shim or agent unblocks it once its handler is in place. Per task, the shims keep it and
+    jobs/train_cnn.py saves and stops at its first log step; under torchrun it reaches the
+    agent alone (the workers start later, as under SLURM), which runs on."""
+    ckpt = tmp_path / "cnn.pt"
+    args = f'program.args=["--steps", "40", "--log-every", "20", "--ckpt", "{ckpt}"]'
+    signal_now = ["time=00:01:00", "signal=USR1@60"]
+    result, info = submit("jobs/cnn.yaml", tmp_path, *LOCAL, *signal_now, args, f"program.launcher={launcher}")
+    job_dir = tmp_path / "cnn" / info["job_id"]
+    controller = (job_dir / "controller.log").read_text()
+    assert result.returncode == 0 and "job ended: exit 0" in controller, controller
+    if launcher == "per_task":
+        for rank in (0, 1):
+            assert "shim: SIGUSR1 came" in (job_dir / f"rank_{rank:05d}.log").read_text()
+        assert "stopping at step 20" in (job_dir / "rank_00000.log").read_text() and ckpt.exists()
+    else:
+        assert "agent: SIGUSR1 came" in (job_dir / "node_00000.log").read_text()
+
+
+@pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
 def test_a_signal_before_the_scripts_handler_is_kept_until_it_has_one(launcher, tmp_path):
     """The signal comes while the script starts, before it installs its handler (here: once a
     file exists; in life, torch's import and the process group on a loaded node, where the

@@ -64,7 +64,11 @@ def start() -> None:
     if not answers():
         subprocess.run([SSHD, "-f", str(STATE / "sshd_config")], check=True)
     python = venv_python()
-    if subprocess.run([python, "-c", "import torch, yaml, jinja2"], capture_output=True).returncode != 0:
+    ready = (
+        Path(python).exists()
+        and subprocess.run([python, "-c", "import torch, yaml, jinja2"], capture_output=True).returncode == 0
+    )
+    if not ready:
         print(f"remote_server: the kit's packages for {USER} ({python}): about a minute", flush=True)
         subprocess.run(["/usr/bin/python3", "-m", "venv", str(Path(python).parents[1])], check=True)
         subprocess.run([python, "-m", "pip", "install", "--quiet", *PACKAGES], check=True)

@@ -10,8 +10,16 @@ import argparse
 import os
 import signal
 import sys
+import threading
 
 from train.contract.protocol import parse_time_limit_signal, stamp
+
+
+def say_each(sig: signal.Signals) -> None:
+    while True:
+        signal.sigwait({sig})
+        os.write(2, f"{stamp()}agent: {sig.name} came (the job's time-limit signal): the workers get it "
+                    "from the scheduler; the agent runs on\n".encode())  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -20,13 +28,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("torchrun", nargs=argparse.REMAINDER, help="after --: torchrun's arguments")
     args = parser.parse_args(argv)
     sig = parse_time_limit_signal(args.time_limit_signal)[0]
-
-    def handler(signum, frame) -> None:
-        os.write(2, f"{stamp()}agent: {sig.name} came (the job's time-limit signal): the workers get it "
-                    "from the scheduler; the agent runs on\n".encode())  # fmt: skip
-
-    signal.signal(sig, handler)
-    from torch.distributed.run import main as torchrun  # after the handler: torch takes seconds to import
+    # Blocked for the agent's whole life, never handled: the workers torchrun starts inherit the
+    # mask, and the signal waits for each shim's handler (which unblocks it) instead of killing a
+    # worker still starting; and Python's finalization, which puts the default action back,
+    # cannot die of it after the job's work is done. A thread takes it, to say so.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {sig})
+    threading.Thread(target=say_each, args=(sig,), daemon=True, name="time-limit signal").start()
+    from torch.distributed.run import main as torchrun  # after the mask: torch takes seconds to import
 
     torchrun(args.torchrun[1:] if args.torchrun[:1] == ["--"] else args.torchrun)
 

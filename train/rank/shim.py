@@ -306,6 +306,8 @@ def main(argv: list[str]) -> None:
             )
     else:
         signals = ProgramSignals(time_limit)
+    if time_limit is not None:  # a launcher starts a rank with it blocked: one that came in start-up waited, comes now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {time_limit})
     for key, value in torchrun_environ(env).items():
         os.environ.setdefault(key, value)  # torchrun's own, for its workers, stay
     threads = cpu_threads(env)

@@ -17,6 +17,9 @@ class PreemptFlag:
         self.raised = False
         self.signal = sig
         signal.signal(sig, self._handler)
+        # A launcher starts a rank with it blocked (cluster.launcher.controller, train.rank.agent):
+        # one that came during start-up waited for this handler, and comes now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
 
     def _handler(self, signum, frame) -> None:
         self.raised = True
