@@ -1,5 +1,5 @@
 """``cluster-kit clusters [NAME]``: the remote clusters you named (clusters.yaml, ~/.ssh/config's
-aliases), each checked: reachable, its SLURM, the kit there, the free space under its log root.
+aliases), each checked: reachable, its SLURM or Docker Engine, the kit there, the free space under its log root.
 ``clusters setup NAME`` installs this kit there; ``clusters close NAME`` ends its connection."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
 def line(facts: dict) -> str:
     if "error" in facts:
         return f"{facts['name']:<16} {facts['target']:<28} unreachable: {facts['error']}"
-    slurm = facts["slurm"] or "no SLURM"
+    slurm = ", ".join(filter(None, (facts["slurm"], facts.get("docker")))) or "no SLURM, no Docker Engine"
     free = f"{facts['free_bytes'] / 1e9:.1f} GB free"
     lacks = f", python lacks {', '.join(facts['missing'])}" if facts["missing"] else ""
     return f"{facts['name']:<16} {facts['target']:<28} {slurm}, kit: {facts['kit']}, {free}{lacks}"

@@ -1,4 +1,4 @@
-"""A cluster checked (reachable, its SLURM, the kit's versions there, the free space under its
+"""A cluster checked (reachable, its SLURM or Docker Engine, the kit's versions there, the free space under its
 log root) and the kit installed there: this kit's files in ``<kit_dir>/kits/<version>``, run by
 the cluster's ``python`` (the environment with torch and the kit's packages)."""
 
@@ -25,13 +25,18 @@ while not os.path.exists(near) and near != "/":
     near = os.path.dirname(near)
 sinfo = shutil.which("sinfo")
 slurm = subprocess.run([sinfo, "--version"], capture_output=True, text=True).stdout.strip() if sinfo else None
+try:  # cluster: docker there, on its own engine (a GPU server with no scheduler)
+    import docker
+    engine = "Docker " + docker.from_env(timeout=5).version()["Version"]
+except Exception:
+    engine = None
 missing = []
-for name in ("torch", "yaml", "jinja2", "matplotlib", "submitit"):
+for name in ("torch", "yaml", "jinja2", "matplotlib", "submitit", "docker"):
     try:
         __import__(name)
     except ImportError:
         missing.append(name)
-print(json.dumps({"slurm": slurm, "free_bytes": shutil.disk_usage(near).free, "python": sys.version.split()[0],
+print(json.dumps({"slurm": slurm, "docker": engine, "free_bytes": shutil.disk_usage(near).free, "python": sys.version.split()[0],
                   "kits": sorted(os.listdir(kits)) if os.path.isdir(kits) else [], "missing": missing}))
 """
 

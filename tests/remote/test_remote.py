@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from cluster.system import minicluster
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT
 from tests.support import remote_server
+from tests.support.laptop import Laptop, sent_bytes
 
 pytestmark = pytest.mark.remote
 FIT = ["nodes=2", "tasks_per_node=2", "gpus_per_node=0", "cpus_per_task=1", "mem=", "env.OMP_NUM_THREADS=1",
@@ -59,22 +59,12 @@ def remote(tmp_path_factory):
         "down: {host: 127.0.0.1, port: 1, python: ~/venv/bin/python}\n"
         f"elsewhere: {{ssh: test, ssh_config: {home}/.ssh/config, python: ~/venv/bin/python, kit_dir: ~/no-kit}}\n"
     )
-    bin_dir = base / "bin"
-    bin_dir.mkdir()
-    for tool in ("ssh", "git"):
-        (bin_dir / tool).symlink_to(shutil.which(tool))
     project = base / "project"
     (project / "jobs").mkdir(parents=True)
     shutil.copy(ROOT / "jobs" / "multi_node.yaml", project / "jobs")
     (project / "crash.py").write_text(CRASH)
-    git = ["git", "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@example.org"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "the laptop's commit"], check=True)
-    env = {**os.environ, "HOME": str(home), "PATH": str(bin_dir), "PYTHONPATH": str(ROOT)}
-    env.pop("XDG_CONFIG_HOME", None), env.pop("XDG_CACHE_HOME", None)
-    run = Remote(env, project, home, Path(log_root.replace("~", str(Path(f"~{remote_server.USER}").expanduser()))))
-    assert shutil.which("sbatch", path=env["PATH"]) is None  # nothing of SLURM here
+    run = Laptop.of(base, home, project, log_root)
+    assert shutil.which("sbatch", path=run.env["PATH"]) is None  # nothing of SLURM here
     done = run("clusters", "setup", "test")
     assert done.returncode == 0, done.stderr
     yield run
@@ -94,35 +84,6 @@ def stale_key() -> str:
     return f"[localhost]:{remote_server.PORT} {kind} {key}\n"
 
 
-class Remote:
-    def __init__(self, env: dict, project: Path, home: Path, log_root: Path):
-        self.env, self.project, self.home, self.log_root = env, project, home, log_root
-
-    def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "cluster", *args], cwd=self.project, env=self.env,
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
-
-    def python(self, code: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", code], cwd=self.project, env=self.env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
-
-    def popen(self, *args: str) -> subprocess.Popen:
-        """A command left running; its Ctrl-C (SIGINT) a KeyboardInterrupt, as at a terminal, even
-        where this session inherited SIGINT ignored (a shell's background job: `make test &`)."""
-        return subprocess.Popen([sys.executable, "-m", "cluster", *args], cwd=self.project, env=self.env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-
-    def ssh_processes(self) -> list[str]:
-        """This side's ssh processes: their command lines."""
-        out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-        return [line for line in out if line.startswith("ssh ") and str(self.home) in line]
-
-
-def sent_bytes(stderr: str) -> int:
-    return int(re.search(r"code: .* sent to test, ([\d,]+) bytes", stderr).group(1).replace(",", ""))
-
-
 def job_id(stdout: str) -> str:
     return re.search(r"submitted job (\d+)", stdout).group(1)
 
@@ -134,11 +95,11 @@ def test_a_job_there_trains_its_failure_is_named_here_and_unchanged_code_does_no
                      "--wait")  # fmt: skip
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "world size 4: 4 completed" in trained.stdout
-    first = sent_bytes(trained.stderr)
+    first = sent_bytes(trained.stderr, "test")
     crashed = remote("submit", "crash.py", *FIT, "--on", "test", "--wait")
     assert crashed.returncode == 1, crashed.stdout[-3000:] + crashed.stderr[-3000:]
     # the same project, unchanged: its digest alone travels
-    assert "none of" in crashed.stderr and sent_bytes(crashed.stderr) < 0.05 * first, (first, crashed.stderr)
+    assert "none of" in crashed.stderr and sent_bytes(crashed.stderr, "test") < 0.05 * first, (first, crashed.stderr)
     job = job_id(crashed.stdout)
     logs = remote("logs", job, "--on", "test")
     assert "FIRST FAILURE: rank 1" in logs.stdout and "rank 1 broke at step 20" in logs.stdout, logs.stdout

@@ -46,6 +46,8 @@ def start() -> None:
     if subprocess.run(["id", USER], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "-m", "-s", "/bin/bash", USER], check=True)
         subprocess.run(["usermod", "-p", "*", USER], check=True)  # useradd's "!" locks the account for keys too
+    if subprocess.run(["getent", "group", "docker"], capture_output=True).returncode == 0:  # cluster: docker there
+        subprocess.run(["usermod", "-aG", "docker", USER], check=True)
     home = Path(f"~{USER}").expanduser()
     if not (STATE / "id").exists():
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(STATE / "id")], check=True)
