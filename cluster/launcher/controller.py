@@ -22,7 +22,7 @@ from cluster.launcher.outcome import TIME_LIMIT
 from cluster.system import processes
 from cluster.system.kit import kit_env
 from cluster.system.poll import WaitTimeout, wait_until
-from train.contract.protocol import master_port_for_job, parse_time_limit_signal
+from train.contract.protocol import HELD_SIGNALS, master_port_for_job, parse_time_limit_signal
 
 if TYPE_CHECKING:  # types only: the backends, below the spec, are handed these as data
     from cluster.plan import Plan
@@ -192,7 +192,7 @@ class Controller:
         """A task starts with the time-limit signal blocked (the mask outlives exec): one that
         comes while it starts waits for the handler of the rank's shim or agent, which unblocks
         it, instead of killing the task with the default action before it has one."""
-        mask = {self.time_limit_signal} if self.time_limit_signal else set()
+        mask = {self.time_limit_signal} & HELD_SIGNALS
         before = signal.pthread_sigmask(signal.SIG_BLOCK, mask)
         try:
             yield

@@ -5,6 +5,7 @@ Nothing here decides a job's state: the kit there asks its scheduler."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -20,6 +21,20 @@ from cluster.system.kit import kit_version
 from train.contract.errors import ConfigError
 
 RECONNECTS = 5  # a following command's tries after the connection dropped
+# The hints the kit there prints for its own machine (a job's folder, its page's file): their
+# paths are there; here they are commands with --on.
+THERE_HINT = re.compile(rb"^(inspect: cluster-kit logs |page: file://)(/\S*/)?(\d+)(/page\.html)?(\r?\n)?$")
+
+
+def as_here(line: bytes, name: str) -> bytes:
+    """``line`` as the laptop would use it: a hint of a job's folder or page there, as the
+    command that gives it here."""
+    hint = THERE_HINT.match(line)
+    if hint is None:
+        return line
+    command = b"logs" if hint[1].startswith(b"inspect") else b"page"
+    lead = b"inspect: " if command == b"logs" else b"page: "
+    return lead + b"cluster-kit " + command + b" " + hint[3] + b" --on " + name.encode() + (hint[5] or b"")
 
 
 def ships(command: str, args: list[str]) -> bool:
@@ -62,14 +77,14 @@ def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
         proc = subprocess.Popen(session(c, command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)  # fmt: skip
         errors: list[bytes] = []
-        copier = threading.Thread(target=copy_errors, args=(proc.stderr, errors), daemon=True)
+        copier = threading.Thread(target=copy_errors, args=(proc.stderr, errors, c.name), daemon=True)
         copier.start()
         skip = shown
         for line in proc.stdout:
             if skip:
                 skip -= 1
                 continue
-            sys.stdout.buffer.write(line)
+            sys.stdout.buffer.write(as_here(line, c.name))
             sys.stdout.buffer.flush()
             shown += 1
         code = proc.wait()
@@ -86,10 +101,10 @@ def relay(c: RemoteCluster, version: str, command: str, follows: bool) -> int:
     return 1
 
 
-def copy_errors(stream, kept: list[bytes]) -> None:
+def copy_errors(stream, kept: list[bytes], name: str) -> None:
     """The command's stderr here as it comes, but for the refusals' own lines (said as errors)."""
     for line in stream:
         kept.append(line)
-        if shown := unsaid(line.decode(errors="replace")):
+        if shown := unsaid(as_here(line, name).decode(errors="replace")):
             sys.stderr.write(shown)
             sys.stderr.flush()

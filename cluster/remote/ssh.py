@@ -5,6 +5,7 @@ command leaves an ssh process behind it but the master, while it is meant to liv
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -20,23 +21,26 @@ CONTROL_PERSIST_S = 600  # the master's life after its last session
 CONNECT_TIMEOUT_S = 8  # a host that does not answer is said within 10 s
 
 
-def control_path() -> str:
-    """Where the masters' sockets are, one per target (``%C``, a hash of it): a folder only this
-    user can enter, its path short (a Unix socket's path has room for 107 bytes)."""
+def control_path(c: RemoteCluster) -> str:
+    """Where the masters' sockets are, one per target (``%C``, a hash of it) and way of reaching
+    it (a HOME, an ssh config, a key, a jump host of its own: two never share a master, nor does
+    one's ``clusters close`` end the other's): a folder only this user can enter, its path short
+    (a Unix socket's path has room for 107 bytes)."""
     runtime = os.environ.get("XDG_RUNTIME_DIR", "")
     folder = Path(runtime) / "cluster-kit" if runtime and len(runtime) < 40 else Path(f"/tmp/cluster-kit-{os.getuid()}")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     found = folder.stat()
     if found.st_uid != os.getuid() or found.st_mode & 0o077:
         raise ConfigError(str(folder), "the ssh sockets' folder must be this user's alone (mode 700): remove it")
-    return str(folder / "%C")
+    way = "\0".join(str(v) for v in (os.path.expanduser("~"), c.ssh_config, c.identity, c.jump))
+    return str(folder / f"{hashlib.sha256(way.encode()).hexdigest()[:8]}-%C")
 
 
 def options(c: RemoteCluster) -> list[str]:
     """ssh's options for ``c``: the shared socket, the timeouts, its port, key and jump host;
     and a host key checked strictly, whatever a config says (a changed or unknown one refused,
     never accepted for the user: they check it with ssh once)."""
-    found = ["-o", f"ControlPath={control_path()}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+    found = ["-o", f"ControlPath={control_path(c)}", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
              "-o", "StrictHostKeyChecking=yes",
              "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3"]  # fmt: skip
     if c.ssh_config:

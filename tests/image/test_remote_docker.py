@@ -8,6 +8,7 @@ other session, has its own)."""
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -59,6 +60,8 @@ def test_a_docker_job_on_a_server_trains_there_and_unchanged_code_does_not_trave
     trained = server("submit", "jobs/docker.yaml", image, *SMALL, "--on", "gpu", "--wait")
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert "world size 4: 4 completed" in trained.stdout, trained.stdout
+    for hint in (r"inspect: cluster-kit logs \d+ --on gpu\n", r"page: cluster-kit page \d+ --on gpu\n"):
+        assert re.search(hint, trained.stdout), trained.stdout  # commands here, not paths there
     again = server("submit", "jobs/docker.yaml", image, *SMALL, "train.steps=10", "--on", "gpu", "--wait", "--json")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert sent_bytes(again.stderr, "gpu") < 0.05 * sent_bytes(trained.stderr, "gpu"), again.stderr

@@ -117,6 +117,50 @@ def test_a_signal_as_the_job_starts_kills_no_process_of_it(launcher, tmp_path):
         assert "agent: SIGUSR1 came" in (job_dir / "node_00000.log").read_text()
 
 
+def blocked_signals(pid: int) -> set[signal.Signals]:
+    mask = int(
+        next(
+            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigBlk:")
+        ).split()[1],
+        16,
+    )
+    return {s for s in signal.Signals if mask >> (s - 1) & 1}
+
+
+def exec_child(pid: int, program: bytes) -> int | None:
+    """``pid``'s child once it runs ``program`` (exec'd: its signal mask is its parent's own, not
+    the one a parent holds across vfork)."""
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        if Path(f"/proc/{child}/cmdline").read_bytes().startswith(program):
+            return int(child)
+    return None
+
+
+@pytest.mark.parametrize("name", ["USR1", "TERM"])
+def test_the_agent_holds_a_warning_signal_and_never_one_that_ends_the_job(name, tmp_path):
+    """torchrun's agent keeps USR1 blocked (its workers inherit the mask; a thread says it came,
+    and the job runs on); TERM as the time-limit signal is never held: a cancel's SIGTERM still
+    reaches torch's own handler, which ends the worker and the agent."""
+    log = tmp_path / "agent.log"
+    with open(log, "w") as out:
+        agent = subprocess.Popen(
+            [sys.executable, "-P", "-m", "train.rank.agent", f"--time-limit-signal={name}", "--", "--nnodes=1",
+             "--nproc-per-node=1", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--no-python", "sleep", "600"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        worker = wait_until(lambda: exec_child(agent.pid, b"sleep"), 120, "the worker")
+        assert (signal.Signals[f"SIG{name}"] in blocked_signals(worker)) == (name == "USR1")
+        if name == "USR1":
+            agent.send_signal(signal.SIGUSR1)
+            wait_for_line(log, "agent: SIGUSR1 came", timeout=60)
+            assert agent.poll() is None and Path(f"/proc/{worker}").exists()  # it runs on
+        agent.send_signal(signal.SIGTERM)  # a cancel
+        assert agent.wait(timeout=120) != 0 and not Path(f"/proc/{worker}").exists()
+    finally:
+        agent.kill()
+
+
 @pytest.mark.parametrize("launcher", ["per_task", "torchrun"])
 def test_a_signal_before_the_scripts_handler_is_kept_until_it_has_one(launcher, tmp_path):
     """The signal comes while the script starts, before it installs its handler (here: once a

@@ -5,6 +5,7 @@ import pytest
 
 from cluster.cli import take_on
 from cluster.remote.clusters import RemoteCluster, find, known, ssh_aliases
+from cluster.remote.forward import as_here
 from cluster.remote.serve import with_defaults
 from cluster.remote.ssh import remote_path, why
 from cluster.remote.there import kit_command, refusal
@@ -108,3 +109,16 @@ def test_what_comes_back_is_read_after_what_a_login_shell_printed_first(tmp_path
         tar.addfile(info, io.BytesIO(b"ok"))
     unpack(b"motd line\n" + TAR_MARK + packed.getvalue(), tmp_path)
     assert (tmp_path / "tensorboard" / "events").read_bytes() == b"ok"
+
+
+@pytest.mark.parametrize(
+    "there, here",
+    [
+        (b"inspect: cluster-kit logs /home/me/runs/mine/2500\n", b"inspect: cluster-kit logs 2500 --on box\n"),
+        (b"page: file:///home/me/runs/mine/2500/page.html\n", b"page: cluster-kit page 2500 --on box\n"),
+        (b"page: file:///home/me/runs/index.html\n", b"page: file:///home/me/runs/index.html\n"),  # no job's
+        (b"step 20 loss 0.1\n", b"step 20 loss 0.1\n"),
+    ],
+)
+def test_a_hint_of_a_path_there_is_said_as_the_command_here(there, here):
+    assert as_here(there, "box") == here

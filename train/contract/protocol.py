@@ -33,6 +33,13 @@ PREEMPT_SIGNAL = signal.SIGUSR1
 UNCATCHABLE = {"KILL", "STOP"}
 
 
+# Time-limit signals a launcher holds blocked while a task starts, until the rank's handler is in
+# place (cluster.launcher.controller, train.rank.agent): they mean nothing but the warning. TERM,
+# INT, HUP or QUIT as the warning also end a job (a cancel, torch's agent's own handlers): held,
+# they would stop the kit ending it.
+HELD_SIGNALS = frozenset({signal.SIGUSR1, signal.SIGUSR2})
+
+
 def parse_time_limit_signal(text: str) -> tuple[signal.Signals, int, str]:
     """A spec's ``signal`` as sbatch reads it, ``[{R|B|RB}:]SIG[@SECONDS]``: (the signal, the
     seconds before the time limit it comes, its targets: "" the steps' processes, "B" the batch
