@@ -1,6 +1,7 @@
 """``cluster-kit clusters [NAME]``: the remote clusters you named (clusters.yaml, ~/.ssh/config's
-aliases), each checked: reachable, its SLURM or Docker Engine, the kit there, the free space under its log root.
-``clusters setup NAME`` installs this kit there; ``clusters close NAME`` ends its connection."""
+aliases), each checked: reachable, its SLURM or Docker Engine, the kit there, the free space
+under its log root. ``clusters setup NAME`` installs this kit there; ``clusters close NAME``
+ends its connection."""
 
 from __future__ import annotations
 

@@ -32,9 +32,8 @@ def as_here(line: bytes, name: str) -> bytes:
     hint = THERE_HINT.match(line)
     if hint is None:
         return line
-    command = b"logs" if hint[1].startswith(b"inspect") else b"page"
-    lead = b"inspect: " if command == b"logs" else b"page: "
-    return lead + b"cluster-kit " + command + b" " + hint[3] + b" --on " + name.encode() + (hint[5] or b"")
+    said = b"inspect: cluster-kit logs " if hint[1].startswith(b"inspect") else b"page: cluster-kit page "
+    return said + hint[3] + b" --on " + name.encode() + (hint[5] or b"")
 
 
 def ships(command: str, args: list[str]) -> bool:

@@ -1,6 +1,7 @@
-"""A cluster checked (reachable, its SLURM or Docker Engine, the kit's versions there, the free space under its
-log root) and the kit installed there: this kit's files in ``<kit_dir>/kits/<version>``, run by
-the cluster's ``python`` (the environment with torch and the kit's packages)."""
+"""A cluster checked (reachable, its SLURM or Docker Engine, the kit's versions there, the free
+space under its log root) and the kit installed there: this kit's files in
+``<kit_dir>/kits/<version>``, run by the cluster's ``python`` (the environment with torch and
+the kit's packages)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ for name in ("torch", "yaml", "jinja2", "matplotlib", "submitit", "docker"):
         __import__(name)
     except ImportError:
         missing.append(name)
-print(json.dumps({"slurm": slurm, "docker": engine, "free_bytes": shutil.disk_usage(near).free, "python": sys.version.split()[0],
-                  "kits": sorted(os.listdir(kits)) if os.path.isdir(kits) else [], "missing": missing}))
+print(json.dumps({"slurm": slurm, "docker": engine, "free_bytes": shutil.disk_usage(near).free,
+                  "python": sys.version.split()[0], "kits": sorted(os.listdir(kits)) if os.path.isdir(kits) else [],
+                  "missing": missing}))
 """
 
 

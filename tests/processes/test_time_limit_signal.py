@@ -4,6 +4,7 @@ it never kills a rank that did not ask for it, in both launch modes. The SLURM s
 test_slurm.py (``test_the_time_limit_signal_in_every_launch_mode``)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cluster.system import processes
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT, free_port
 from tests.support.jobs import logs_json, submit, wait_for_line, wait_for_step
@@ -118,22 +120,15 @@ def test_a_signal_as_the_job_starts_kills_no_process_of_it(launcher, tmp_path):
 
 
 def blocked_signals(pid: int) -> set[signal.Signals]:
-    mask = int(
-        next(
-            line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigBlk:")
-        ).split()[1],
-        16,
-    )
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.MULTILINE)[1], 16)
     return {s for s in signal.Signals if mask >> (s - 1) & 1}
 
 
-def exec_child(pid: int, program: bytes) -> int | None:
+def exec_child(pid: int, program: str) -> int | None:
     """``pid``'s child once it runs ``program`` (exec'd: its signal mask is its parent's own, not
     the one a parent holds across vfork)."""
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        if Path(f"/proc/{child}/cmdline").read_bytes().startswith(program):
-            return int(child)
-    return None
+    return next((c for c in processes.children().get(pid, []) if processes.command_line(c).startswith(program)), None)
 
 
 @pytest.mark.parametrize("name", ["USR1", "TERM"])
@@ -149,7 +144,7 @@ def test_the_agent_holds_a_warning_signal_and_never_one_that_ends_the_job(name, 
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        worker = wait_until(lambda: exec_child(agent.pid, b"sleep"), 120, "the worker")
+        worker = wait_until(lambda: exec_child(agent.pid, "sleep"), 120, "the worker")
         assert (signal.Signals[f"SIG{name}"] in blocked_signals(worker)) == (name == "USR1")
         if name == "USR1":
             agent.send_signal(signal.SIGUSR1)

@@ -306,7 +306,7 @@ def main(argv: list[str]) -> None:
             )
     else:
         signals = ProgramSignals(time_limit)
-    if time_limit is not None:  # a launcher starts a rank with it blocked: one that came in start-up waited, comes now
+    if time_limit is not None:  # a launcher starts a rank with it blocked: one that came during start-up comes now
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {time_limit})
     for key, value in torchrun_environ(env).items():
         os.environ.setdefault(key, value)  # torchrun's own, for its workers, stay
