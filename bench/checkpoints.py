@@ -1,11 +1,12 @@
 """What a checkpoint costs the loop, synchronous against asynchronous (``train.ckpt_async``).
 
-``python -m bench.checkpoints [--sizes-mb 125,500,1000,2000] [--rounds 3] [--json]``: one rank
-(a process group of one, so that DCP writes from a process of its own, as on a cluster), its
-state (an MLP's parameters and Adam's two moments) sized to each size; per size, the median of
-``rounds`` saves: the seconds the loop is blocked (a synchronous save: the whole write; an
-asynchronous one: the copy to host memory) and the write's own seconds. Goal (issue 64): at
-1 GB and more, asynchronous blocking at most 10 % of the synchronous save.
+``python -m bench.checkpoints [--sizes-mb 125,500,1000,2000] [--rounds 3] [--device cpu|cuda] [--json]``:
+one rank (a process group of one, so that DCP writes from a process of its own, as on a
+cluster), its state (an MLP's parameters and Adam's two moments) sized to each size, on the CPU
+or on the GPU (``--device cuda``: its state copied to pinned host memory, make gpu-check); per
+size, the median of ``rounds`` saves: the seconds the loop is blocked (a synchronous save: the
+whole write; an asynchronous one: the copy to host memory) and the write's own seconds. Goal
+(issue 64): at 1 GB and more, asynchronous blocking at most 10 % of the synchronous save.
 
 ``--job``: the same 2-rank job (jobs/local.yaml, 125 MB of weights and Adam's moments, a save
 every 10 steps) with ``train.ckpt_async`` false and true: the goodput ledger's checkpoint
@@ -39,8 +40,9 @@ def hidden_for(state_mb: float, layers: int = LAYERS) -> int:
     return max(64, int(math.sqrt(state_mb * 1e6 / (3 * 4 * (layers - 2)))))
 
 
-def measure(sizes_mb: list[float], rounds: int) -> list[dict]:
-    """Per state size: the loop's blocking seconds and the write's, both ways."""
+def measure(sizes_mb: list[float], rounds: int, device: str = "cpu") -> list[dict]:
+    """Per state size: the loop's blocking seconds and the write's, both ways, the state on
+    ``device`` (cpu, cuda)."""
     import torch  # here: the benchmark's own process imports what it measures
     import torch.distributed as dist
 
@@ -51,15 +53,25 @@ def measure(sizes_mb: list[float], rounds: int) -> list[dict]:
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    env = DistEnv(world_size=1, device="cuda:0" if cuda else "cpu", backend="nccl" if cuda else "gloo")
+
+    def clock() -> float:  # the GPU's queued work done: the time a loop would see
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     rows = []
     try:
         for size in sizes_mb:
             hidden = hidden_for(size)
             cfg = load(Config, None, [f"model.dim_hidden={hidden}", f"model.n_layers={LAYERS}", "model.dim_in=64",
-                                      "optim.name=adam", "parallel.strategy=single", "train.device=cpu"])  # fmt: skip
-            trainable, ctx = setup(cfg, DistEnv(world_size=1))
-            x = torch.randn(8, 64)
+                                      "optim.name=adam", "parallel.strategy=single", f"train.device={device}"])  # fmt: skip
+            trainable, ctx = setup(cfg, env)
+            x = torch.randn(8, 64, device=ctx.device)
             trainable.model(x).sum().backward()
             trainable.optimizer.step()  # Adam's moments exist now
             state = 3 * sum(p.numel() * p.element_size() for p in trainable.model.parameters())
@@ -67,24 +79,24 @@ def measure(sizes_mb: list[float], rounds: int) -> list[dict]:
             with tempfile.TemporaryDirectory() as tmp:
                 sync = []
                 for i in range(rounds):
-                    started = time.perf_counter()
+                    started = clock()
                     checkpoint.save(Path(tmp) / "sync", 10 + i, trainable, None, {})
-                    sync.append(time.perf_counter() - started)
+                    sync.append(clock() - started)
                 saver = checkpoint.AsyncSaver(Path(tmp) / "async", ctx.device)
                 saver.warm_up()
                 saver.finish(lambda ok: ok)
                 blocked, written = [], []
                 for i in range(rounds + 1):  # the first allocates the staging buffers: not counted
-                    started = time.perf_counter()
+                    started = clock()
                     saver.start(10 + i, trainable, None, {})
-                    staged = time.perf_counter() - started
+                    staged = clock() - started
                     done = saver.finish(lambda ok: ok)
                     assert done.error is None, done.error
                     if i:
                         blocked.append(staged)
                         written.append(done.write_s)
                 saver.close()
-            row = {"state_mb": round(state / 1e6), "sync_s": statistics.median(sync),
+            row = {"state_mb": round(state / 1e6), "device": name(ctx.device), "sync_s": statistics.median(sync),
                    "async_blocking_s": statistics.median(blocked), "async_write_s": statistics.median(written)}  # fmt: skip
             row["ratio"] = row["async_blocking_s"] / row["sync_s"]
             say(f"  sync {row['sync_s']:.3f} s; async: blocked {row['async_blocking_s']:.3f} s, "
@@ -123,14 +135,22 @@ def job_comparison(steps: int = 100) -> dict:
     return out
 
 
+def name(device) -> str:
+    """The device as a table names it: the GPU's model, or the CPU."""
+    import torch  # as measure's
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.checkpoints", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mb", default="125,500,1000,2000")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state is (default: cpu)")
     parser.add_argument("--job", action="store_true", help="also the 2-rank job both ways (its ledger)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    result = {"sizes": measure([float(s) for s in args.sizes_mb.split(",")], args.rounds)}
+    result = {"sizes": measure([float(s) for s in args.sizes_mb.split(",")], args.rounds, args.device)}
     if args.job:
         result["job"] = job_comparison()
     print(json.dumps(result, indent=1) if args.json else "\n".join(table(result)))
@@ -138,10 +158,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(result: dict) -> list[str]:
-    lines = ["| state | synchronous save | asynchronous: the loop blocked | its write | blocked / sync |",
-             "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = ["| state | on | synchronous save | asynchronous: the loop blocked | its write | blocked / sync |",
+             "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in result["sizes"]:
-        lines.append(f"| {r['state_mb']:,} MB | {r['sync_s']:.3f} s | {r['async_blocking_s']:.3f} s | "
+        lines.append(f"| {r['state_mb']:,} MB | {r.get('device', 'CPU')} | {r['sync_s']:.3f} s | {r['async_blocking_s']:.3f} s | "
                      f"{r['async_write_s']:.3f} s | {r['ratio']:.3f} |")  # fmt: skip
     if job := result.get("job"):
         lines += ["", f"The 2-rank job, {job['false']['saves']} saves: the ledger's checkpoint "

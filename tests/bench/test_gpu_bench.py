@@ -1,12 +1,15 @@
-"""The GPU benchmark (``bench/gpu.py``, ``make gpu-check``): its arithmetic and a whole run on the
-CPU (every contender, the table, the start-up probe), its real run in the gpu tier."""
+"""The GPU benchmarks (``bench/gpu.py``, ``bench/checkpoints.py --device cuda``, ``make gpu-check``):
+their arithmetic and whole runs on the CPU (every contender, the tables, the start-up probe),
+their real runs in the gpu tier and gpu-check."""
 
 import json
 
 import pytest
 import torch
 
+from bench import checkpoints
 from bench.gpu import PEAK_FLOPS, main, mfu, peak_flops, table
+from tests.conftest import run_module
 from tests.support.gpu import cuda
 
 SMALL = ["model.dim_in=64", "model.dim_hidden=64", "model.n_classes=8", "data.train_size=1024",
@@ -40,6 +43,18 @@ def test_the_gpu_benchmark_runs_whole_on_the_cpu(capsys):
     assert startup["hand"]["first_step_s"] > 0 and startup["hand"]["context_s"] >= 0
     text = "\n".join(table(result))
     assert "| kit | bf16_params |" in text and "to the end of its first step" in text
+
+
+@pytest.mark.slow
+def test_the_checkpoint_benchmark_runs_whole_on_the_cpu():
+    """bench.checkpoints as make gpu-check runs it with --device cuda, here on the CPU: a row per
+    size naming its device (in a process of its own: it forms a process group), then its table."""
+    result = run_module("bench.checkpoints", "--sizes-mb", "4", "--rounds", "1", "--device", "cpu", "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(result.stdout)["sizes"]
+    assert row["device"] == "CPU" and row["state_mb"] == 4
+    assert row["sync_s"] > 0 and row["async_blocking_s"] > 0 and row["async_write_s"] > 0
+    assert "| 4 MB | CPU |" in "\n".join(checkpoints.table({"sizes": [row]}))
 
 
 def test_bad_precisions_exit_2_naming_them(capsys):

@@ -18,6 +18,7 @@ import pytest
 from cluster.system.poll import wait_until
 from cluster.system.processes import alive
 from tests.conftest import ROOT
+from tests.support import warm_restart
 from tests.support.jobs import wait_for_line
 
 pytestmark = pytest.mark.slow
@@ -138,3 +139,23 @@ def test_where_no_standby_listens_or_it_would_not_run_the_same_the_rank_starts_c
     refused = task(other, tmp_path, "exit", "0")
     assert started(refused)["pid"] == refused.pid and refused.wait(timeout=120) == 0
     assert "a cold start: the task's PYTHON* environment differs" in log.read_text()
+
+
+def test_the_built_in_trainer_killed_mid_run_restarts_warm_and_trains_on_bitwise_equal(tmp_path):
+    """The gpu tier's warm restart (tests/support/warm_restart.py) on the CPU: two ranks over
+    gloo saving asynchronously; rank 0 killed at step 25; the next attempt's ranks forked by the
+    standby, resumed from the latest published checkpoint, every step's loss and the final
+    parameters equal to an uninterrupted run's."""
+    import torch
+
+    runs = warm_restart.restart_once(tmp_path, {}, 2, "train.ckpt_async=true")
+    assert runs.node.warm
+    for rank in range(2):
+        first, restart = warm_restart.starts(runs.restarted, rank)
+        assert not warm_restart.forked_by_the_standby(runs.node, first)  # the first attempt: cold
+        assert warm_restart.forked_by_the_standby(runs.node, restart)
+    # asynchronous: step 20's write was in flight (published at the next save), so step 10 is latest
+    assert warm_restart.resumed_at(runs.restarted) == [10]
+    assert warm_restart.losses(runs.restarted) == warm_restart.losses(runs.straight)
+    resumed, straight = (warm_restart.final_parameters(r) for r in (runs.restarted, runs.straight))
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)

@@ -150,3 +150,32 @@ def test_the_loop_saves_synchronously_once_a_writer_did_not_start(tmp_path):
     records = list(read_records(writer.path))
     assert [r["event"] for r in records] == ["checkpoint_failed", "checkpoint"]
     assert "did not start in 0 s" in records[0]["error"] and "asynchronous" not in records[1]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_save_is_staged_pinned_and_non_blocking_from_a_gpu_and_shared_in_the_loops_thread(device):
+    """The staging decisions, made for either device here (the GPU's stager itself is built and
+    used by the gpu tier): a GPU's state goes to pinned buffers by non-blocking copies, waited
+    for once; on either device the copy is shared memory (the writing process reads it in
+    place) and made in the loop's own thread (use_async_staging off: the next step waits)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    options = checkpoint.staging(torch.device(device))
+    assert options == {"use_pinned_memory": device == "cuda", "use_shared_memory": True,
+                       "use_async_staging": False, "use_non_blocking_copy": device == "cuda"}  # fmt: skip
+    if device == "cpu":  # a GPU's stager asserts a GPU: made and used in the gpu tier
+        DefaultStager(StagingOptions(**options)).close()
+
+
+def test_a_ranks_own_part_is_copied_to_host_memory_for_a_write_beside_the_loop():
+    """extras(copy=True), what an asynchronous save writes from a thread while the loop trains:
+    every tensor of the nested state equal and a copy of its own (on a GPU, the device-to-host
+    copy), none shared with the live state that the next optimizer step changes."""
+    live = {"step": 7, "rng": torch.get_rng_state(), "optimizer_shard": {"state": {0: {"momentum": torch.ones(3)}}},
+            "layout": {"dp": 2}, "pair": (torch.zeros(2), [torch.arange(4)])}  # fmt: skip
+    staged = checkpoint._to_host(live)
+    assert staged["step"] == 7 and staged["layout"] == {"dp": 2} and isinstance(staged["pair"], tuple)
+    pairs = [(staged["rng"], live["rng"]), (staged["pair"][0], live["pair"][0]), (staged["pair"][1][0], live["pair"][1][0]),
+             (staged["optimizer_shard"]["state"][0]["momentum"], live["optimizer_shard"]["state"][0]["momentum"])]  # fmt: skip
+    for copy, original in pairs:
+        assert torch.equal(copy, original) and copy.device.type == "cpu" and copy.data_ptr() != original.data_ptr()

@@ -264,10 +264,19 @@ def _async_options(device: torch.device, stager):
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # on use, as save's
         except ImportError:  # an older torch: its own default stager, made at each save
             return kind, None
-        cuda = device.type == "cuda"
-        stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=True,
-                                              use_async_staging=False, use_non_blocking_copy=cuda))  # fmt: skip
+        stager = DefaultStager(StagingOptions(**staging(device)))
     return kind, stager
+
+
+def staging(device: torch.device) -> dict[str, bool]:
+    """How a save's state is copied to host memory (DCP's StagingOptions): from a GPU into pinned
+    buffers (a device-to-host copy at the bus's speed, not through a pageable bounce) with
+    non-blocking copies waited for once at the end; shared, so that the writing process reads
+    the copy in place; in the loop's own thread, so that the next optimizer step cannot change
+    what is still being copied."""
+    cuda = device.type == "cuda"
+    return {"use_pinned_memory": cuda, "use_shared_memory": True, "use_async_staging": False,
+            "use_non_blocking_copy": cuda}  # fmt: skip
 
 
 def latest(ckpt_dir: Path) -> Path | None:
