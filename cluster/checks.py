@@ -88,8 +88,9 @@ def _check_script(key: str, path: str) -> None:
     if Path(path).is_dir():
         raise ConfigError(key, f"{path!r} is a directory, not a script (program.module runs a package)")
     if not Path(path).is_file():
-        where = "" if os.path.isabs(path) else f"relative to {os.getcwd()}; "
-        raise ConfigError(key, f"no such file {path!r} ({where}it must be on a filesystem the nodes share)")
+        # looked for where the job is submitted (the ranks run the code snapshot's copy of it)
+        where = "" if os.path.isabs(path) else f" (looked for relative to {os.getcwd()}, where the job is submitted)"
+        raise ConfigError(key, f"no such file {path!r}{where}")
 
 
 def _check_module(key: str, name: str) -> None:

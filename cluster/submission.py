@@ -43,20 +43,26 @@ def load_spec(
     job: str | Path | JobSpec, overrides: list[str] = (), say: Callable[[str], None] = say_stderr
 ) -> tuple[JobSpec, Plan]:
     """The spec with its overrides, validated, and its plan; notes on the spec go to ``say``."""
-    if isinstance(job, JobSpec):
-        spec = build(JobSpec, apply_overrides(to_dict(job), overrides))
-    elif str(job).endswith(".py"):  # a script is a job: the spec's defaults around it
-        spec = build(JobSpec, apply_overrides(script_spec(Path(job)), overrides))
-    else:
-        spec = load(JobSpec, job, overrides)
-        separate = [apply_overrides({}, [text]) for text in overrides]
-        check_program_sections(read_yaml(job), separate, str(job), say)
+    spec = read_spec(job, overrides, say)
     check_submission(spec)
     plan = make_plan(spec)
     for note in (unhandled_signal_note(spec), early_signal_note(spec, plan.backend)):
         if note:
             say(note)
     return spec, plan
+
+
+def read_spec(job: str | Path | JobSpec, overrides: list[str] = (), say: Callable[[str], None] = say_stderr) -> JobSpec:
+    """The spec with its overrides as its schema has it (its keys, their types and values): what
+    any machine with the kit can check, before this one's backend and plan are asked."""
+    if isinstance(job, JobSpec):
+        return build(JobSpec, apply_overrides(to_dict(job), overrides))
+    if str(job).endswith(".py"):  # a script is a job: the spec's defaults around it
+        return build(JobSpec, apply_overrides(script_spec(Path(job)), overrides))
+    spec = load(JobSpec, job, overrides)
+    separate = [apply_overrides({}, [text]) for text in overrides]
+    check_program_sections(read_yaml(job), separate, str(job), say)
+    return spec
 
 
 def script_spec(script: Path) -> dict:

@@ -83,6 +83,11 @@ class Submission:
     function: Any = None  # a Python function's job: submitit's DelayedSubmission (cluster.submit(fn))
 
 
+# A dry run without a scheduler ends with the job as SLURM would run it: what to read or keep
+# for a cluster, said to be not what runs here.
+SBATCH_EQUIVALENT = "# --- the same job as an sbatch script, for cluster=slurm (not what runs here) ---"
+
+
 class Backend(ABC):
     """One place jobs run: a subclass sets ``name`` and its ``traits`` (its registry facts')
     and implements every abstract method. Arrays are a capability of their own (``Arrays``)."""

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.base import SBATCH_EQUIVALENT, Backend, Say, State, Submission
 from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
 from cluster.launcher import containers, controller, outcome
@@ -50,7 +50,7 @@ class DockerBackend(Backend):
             "# --- what each node's launcher runs for its tasks ---",
             *controller.steps_text(job.request),
             "",
-            "# --- the equivalent sbatch script ---",
+            SBATCH_EQUIVALENT,
         ]
         return "\n".join(lines) + "\n" + job.script
 

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from cluster.backends.base import Backend, Say, State, Submission
+from cluster.backends.base import SBATCH_EQUIVALENT, Backend, Say, State, Submission
 from cluster.backends.facts import FACTS
 from cluster.jobdir import JobDir
 from cluster.launcher import containers, controller, outcome
@@ -57,7 +57,7 @@ class LocalBackend(Backend):
             "# --- what the local launcher would run (nothing was submitted) ---",
             *controller.steps_text(job.request),
         ]
-        return "\n".join([*lines, "", "# --- the equivalent sbatch script ---", job.script.rstrip("\n")]) + "\n"
+        return "\n".join([*lines, "", SBATCH_EQUIVALENT, job.script.rstrip("\n")]) + "\n"
 
     def submit(self, job: Submission) -> JobDir:
         def launch(job_dir: JobDir, job_id: str) -> dict:

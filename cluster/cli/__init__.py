@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     on, rest = take_on(argv)
     if on is not None and rest and rest[0] in ON:
         return ended(lambda: run_there(rest[0], rest[1:], program_args, on))
+    args = parse(argv, program_args)
+    return ended(lambda: args.run(args))
+
+
+def parse(argv: list[str], program_args: list[str] | None) -> argparse.Namespace:
+    """The command's arguments, its overrides gathered (exit 2 on what it does not take)."""
     parser = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
     # Overrides may follow flags (`submit job.yaml --dry-run nodes=4`): take the leftovers.
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += extra
     if hasattr(args, "overrides"):
         args.overrides += flag_overrides(args) + ([f"program.args={json.dumps(program_args)}"] if program_args else [])
-    return ended(lambda: args.run(args))
+    return args
 
 
 def ended(command) -> int:
@@ -146,9 +152,14 @@ def ended(command) -> int:
 
 
 def run_there(command: str, args: list[str], program_args: list[str] | None, on: str) -> int:
-    """The command on the cluster ``on`` (``cluster.remote``)."""
+    """The command on the cluster ``on`` (``cluster.remote``). A submission's spec is read here
+    first, as its schema has it: a misspelled key is refused before any code travels."""
     from cluster.remote.forward import forward  # here: only remote work needs ssh and the shipping
+    from cluster.submission import read_spec  # here, as the commands' own modules
 
+    if command == "submit":
+        parsed = parse([command, *args], program_args)
+        read_spec(parsed.job, parsed.overrides, lambda note: None)  # its notes: the kit there says them
     return forward(command, args, program_args, on)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,8 +89,8 @@ def check(request: Request, plan: Plan, gpus_here: int) -> None:
     except sdk().errors.ImageNotFound:
         raise ConfigError(
             "container.image",
-            f"no image {request.image!r} in the engine: build the kit's image with "
-            f"`make build IMAGE={request.image}` (or docker pull it)",
+            f"no image {request.image!r} in the Docker engine on {socket.gethostname()}: docker pull it there, or "
+            f"build the kit's image there (`make build IMAGE={request.image}` in a checkout of the kit)",
         ) from None
 
 

@@ -23,6 +23,9 @@ class SchedulerKills:
     why) does."""
 
     job: str = ""
+    # the job was cancelled by someone (cluster cancel, scancel): not by the scheduler itself
+    # (preemption, a node's failure) or its time limit. Its ranks ended by it did not fail.
+    cancelled: bool = False
     tasks: dict[int, str] = field(default_factory=dict)
     nodes: dict[str, str] = field(default_factory=dict)
     per_rank: bool = True
@@ -67,7 +70,7 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
     if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
         return SchedulerKills(job="killed at the job's time limit")
     if cancelled := cancel_said(text):
-        return SchedulerKills(job=cancelled)
+        return SchedulerKills(job=cancelled, cancelled=BY_THE_SCHEDULER not in cancelled)
     spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
     launcher = ((plan or {}).get("program") or {}).get("launcher")
     kills = SchedulerKills(per_rank=launcher != "torchrun")
@@ -129,6 +132,9 @@ CANCELLED = re.compile(
 )
 
 
+BY_THE_SCHEDULER = "by the scheduler"  # its own cancel (preemption, a node's failure), nobody's decision
+
+
 def cancel_said(text: str) -> str:
     """Why the job was cancelled, in words, where its scheduler's log says it was; "" otherwise."""
     if (m := CANCELLED.search(text)) is None:
@@ -138,7 +144,7 @@ def cancel_said(text: str) -> str:
         return f"cancelled by cluster cancel ({local})"
     if due is None:
         return f"cancelled at {at} (scancel, or cluster cancel)"
-    return f"cancelled at {at} by the scheduler, due to {due.lower()}"
+    return f"cancelled at {at} {BY_THE_SCHEDULER}, due to {due.lower()}"
 
 
 def task_numbers(tasks: str) -> list[int]:

@@ -96,6 +96,8 @@ def rank_state(ev: RankEvidence, job: Judging) -> RankReport:
                 rep.error = f"{said or 'SIGTERM came'}; its own SIGTERM handler stopped it unfinished (exit 0)"
             else:
                 rep.error = said or "ended without an error message (killed by a signal?)"
+            if account and job.killed_by.cancelled:  # someone's decision, not a failure of the rank
+                rep.state = "cancelled"
             # The launcher's account first; without one, its own log's last words of a SIGTERM
             rep.job_wide = bool(end and end.get("terminated")) or (
                 job.killed_by.job_wide(ev.rank, ev.node_name, attempt)

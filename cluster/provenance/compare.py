@@ -14,7 +14,7 @@ import yaml
 
 from cluster.jobdir import PACKAGES, SPEC, JobDir
 from cluster.provenance.reading import code_line, provenance
-from cluster.provenance.snapshot import manifest_of, project_now
+from cluster.provenance.snapshot import ORIGIN, manifest_of, project_now
 from cluster.sweeps.directory import Sweep
 from cluster.sweeps.table import job_outcome
 from train.contract.errors import ConfigError
@@ -119,7 +119,7 @@ def code_diff(a: Side, b: Side, stat: bool) -> dict:
         }
     files = []
     for rel in sorted(set(a.manifest) | set(b.manifest)):
-        if a.manifest.get(rel) == b.manifest.get(rel):
+        if a.manifest.get(rel) == b.manifest.get(rel) or rel == ORIGIN:  # the kit's note of a shipping, not code
             continue
         status = "added" if rel not in a.manifest else "deleted" if rel not in b.manifest else "modified"
         old, new = read_lines(a, rel), read_lines(b, rel)

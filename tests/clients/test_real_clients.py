@@ -147,7 +147,8 @@ def test_lightning_trains_where_it_finds_torchruns_ranks(jobs, launcher):
 def test_lightning_stopped_by_sigterm_is_named_so_not_completed(jobs):
     """Lightning's Trainer stops on SIGTERM (a cancel here; SLURM's at the time limit) and exits
     0: the shim notes that SIGTERM came, and ``cluster logs`` says what ended the ranks (it said
-    "completed", as of a job that had finished). Every rank's stacks are in its log before
+    "completed", as of a job that had finished; then "killed", a failure: it is a person's
+    cancel, and exits 0). Every rank's stacks are in its log before
     Lightning's handler runs (Python's installing of that handler had taken faulthandler's away)."""
     _, job_dir, report = jobs["stopped"]
     holding = line_of("lightning_train.py", "time.sleep(0.05)")
@@ -156,7 +157,7 @@ def test_lightning_stopped_by_sigterm_is_named_so_not_completed(jobs):
         dumped = log.find(f'lightning_train.py", line {holding} in on_train_batch_end')
         assert -1 < dumped < log.find(f"[rank: {rank}] Received SIGTERM"), log[-3000:]
     for rank in report["ranks"]:
-        assert rank["state"] == "killed" and rank["last_step"] >= 10, rank
+        assert rank["state"] == "cancelled" and rank["last_step"] >= 10, rank
         assert (
             rank["error"]
             == "cancelled by cluster cancel (SIGTERM); its own SIGTERM handler stopped it unfinished (exit 0)"

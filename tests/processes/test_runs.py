@@ -145,6 +145,10 @@ def test_a_cancelled_run_resumed_in_a_new_job_ends_as_if_never_stopped(tmp_path)
     assert running.returncode == 2 and "is still RUNNING" in running.stderr, running.stderr
     assert waited(runs / "local" / early["job_id"]) == 1
     cancel(first_dir)
+    logs = run_module("cluster", "logs", str(first_dir), "--json")
+    report = json.loads(logs.stdout)  # a cancel is someone's decision: no rank failed
+    assert logs.returncode == 0 and report["first_failure"] is None, logs.stdout[-3000:]
+    assert {r["state"] for r in report["ranks"]} == {"cancelled"}
     for bad, words in ((tmp_path, "not a job directory"), (runs / "local" / early["job_id"], "has no checkpoint")):
         refused, _ = resumed(bad)
         assert refused.returncode == 2 and words in refused.stderr and "Traceback" not in refused.stderr, refused.stderr

@@ -164,6 +164,13 @@ def test_bad_input_exits_2_naming_it_and_submits_nothing(remote, name, words):
     assert (sorted(jobs.iterdir()) if jobs.exists() else []) == before  # no job directory: nothing submitted
 
 
+def test_a_misspelled_key_is_refused_here_before_any_code_travels(remote):
+    """The spec's schema is read on the laptop: nothing is shipped, nothing runs there."""
+    done = remote("submit", "jobs/multi_node.yaml", *FIT, "nodez=2", "--on", "test")
+    assert done.returncode == 2 and "nodez: unknown key (did you mean 'nodes'?)" in done.stderr, done.stderr
+    assert "code:" not in done.stderr and "Traceback" not in done.stderr  # no "code: ... sent to test"
+
+
 def serving(what: str) -> list[str]:
     """The remote user's kit processes serving a laptop's ``what`` command."""
     out = subprocess.run(["ps", "-ww", "-u", remote_server.USER, "-o", "args"], capture_output=True, text=True).stdout

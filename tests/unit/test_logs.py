@@ -278,6 +278,25 @@ def test_what_the_scheduler_says_ended_a_rank(batch_log, plan, rank, node, want,
     assert scheduler_kill(JobDir(job_dir), plan, JobDir(job_dir).names()).of(rank, node) == want
 
 
+@pytest.mark.parametrize(
+    "batch_log, cancelled",
+    [("slurmstepd-n1: error: *** JOB 24 ON n1 CANCELLED AT 2026-11-25T20:17:56 ***\n", True),
+     ("cluster.controller: cancelled (SIGTERM): ending the step\n", True),
+     ("slurmstepd: error: *** JOB 24 ON n1 CANCELLED AT 2026-11-25T20:17:56 DUE TO PREEMPTION ***\n", False),
+     ("slurmstepd: error: *** JOB 24 ON n1 CANCELLED AT 2026-11-25T20:17:56 DUE TO NODE FAILURE ***\n", False),
+     ("slurmstepd: error: *** STEP 12.0 ON n1 CANCELLED AT 2026-11-24T10:00:00 DUE TO TIME LIMIT ***\n", False)],
+)  # fmt: skip
+def test_a_job_cancelled_by_someone_is_told_from_one_the_scheduler_ended(batch_log, cancelled, tmp_path):
+    """scancel or cluster cancel: the ranks it ended did not fail (cluster logs: cancelled, exit 0);
+    the scheduler's own cancel (preemption, a node's failure) and the time limit are no one's decision."""
+    from cluster.logs.kills import scheduler_kill
+
+    job_dir = tmp_path / "job" / "12"
+    job_dir.mkdir(parents=True)
+    (tmp_path / "job" / "slurm-12.log").write_text(batch_log)
+    assert scheduler_kill(JobDir(job_dir), {}, JobDir(job_dir).names()).cancelled == cancelled
+
+
 AGENT_REPORT = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 Root Cause (first observed failure):
 [0]:

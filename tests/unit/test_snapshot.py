@@ -300,3 +300,20 @@ def test_a_program_under_the_log_root_runs_without_a_snapshot(repo):
     done = run_module("cluster", "submit", "job.yaml", "program.script=runs/mine/t.py", "log_dir=runs",
                       "snapshot=false", "--wait", cwd=repo)  # fmt: skip
     assert done.returncode == 0 and "ran from the log root" in done.stdout, done.stderr[-2000:]
+
+
+def test_diff_leaves_out_the_kits_note_of_where_shipped_code_came_from(tmp_path):
+    """Two shipped snapshots: their .kit-origin.json (the laptop, its time, its git facts) differs
+    at every shipping and is provenance, not code; the file changed is all ``diff`` lists."""
+    from cluster.provenance.compare import Side, code_diff
+    from cluster.provenance.snapshot import ORIGIN
+
+    sides = []
+    for n, code in ((1, "x = 1\n"), (2, "x = 2\n")):
+        tree = tmp_path / f"tree{n}"
+        tree.mkdir()
+        (tree / "train.py").write_text(code)
+        (tree / ORIGIN).write_text(f'{{"shipped": {n}}}')
+        sides.append(Side(f"job {n}", files=tree, manifest={"train.py": [code], ORIGIN: [n]}))
+    result = code_diff(*sides, stat=True)
+    assert [f["path"] for f in result["files"]] == ["train.py"]
