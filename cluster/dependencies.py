@@ -77,7 +77,8 @@ def outcome(parent: Parent) -> tuple[str, str]:
         return "ok", f"job {parent.path} completed"
     first = report.first_failure
     never = job.dependency().get("never_ran")
-    why = never or (f"{first['error']} (rank {first['rank']})" if first else "not every rank completed")
+    cancelled = next((r.error for r in report.ranks if r.state == "cancelled"), None)
+    why = never or (f"{first['error']} (rank {first['rank']})" if first else cancelled or "not every rank completed")
     return "failed", why
 
 
