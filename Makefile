@@ -51,9 +51,11 @@ test-fast: $(VENV)/.dev  ## unit and golden tests only
 # Only the gpu tier's files are collected: the others import submitit and docker at the top.
 GPU_TESTS := tests/gpu tests/bench/test_gpu_bench.py
 gpu-check: $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.dev)  ## on a CUDA machine: the gpu tier, bench.gpu's table (MFU) and the asynchronous save's, under 10 minutes on one GPU
-	$(PY) -m pytest -m gpu -rs -p no:cacheprovider $(GPU_TESTS)
-	$(PY) -m bench.gpu --compile
-	$(PY) -m bench.checkpoints --device cuda --sizes-mb 1000,2000
+	status=0; \
+	$(PY) -m pytest -m gpu -rs -p no:cacheprovider $(GPU_TESTS) || status=1; \
+	$(PY) -m bench.gpu --compile || status=1; \
+	$(PY) -m bench.checkpoints --device cuda --sizes-mb 1000,2000 || status=1; \
+	exit $$status  # every part runs (one lent GPU, one try); 1 where any failed
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 10
+SHM_HEADROOM = 1.2  # the staged copy's room in /dev/shm, beyond the state's own bytes
 
 
 def say(msg: str) -> None:
@@ -47,17 +49,14 @@ def measure(sizes_mb: list[float], rounds: int, device: str = "cpu") -> list[dic
     import torch.distributed as dist
 
     from train.contract.config import Config, load
-    from train.rank.dist_env import DistEnv
+    from train.contract.protocol import step_name
+    from train.rank.dist_env import DistEnv, init_process_group
     from train.trainer import checkpoint
     from train.trainer.loop import setup
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     cuda = device == "cuda"
-    if cuda:
-        torch.cuda.set_device(0)
-    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
     env = DistEnv(world_size=1, device="cuda:0" if cuda else "cpu", backend="nccl" if cuda else "gloo")
+    init_process_group(env, 600, host_collectives=True)  # as a rank with train.ckpt_async joins
 
     def clock() -> float:  # the GPU's queued work done: the time a loop would see
         if cuda:
@@ -76,12 +75,19 @@ def measure(sizes_mb: list[float], rounds: int, device: str = "cpu") -> list[dic
             trainable.optimizer.step()  # Adam's moments exist now
             state = 3 * sum(p.numel() * p.element_size() for p in trainable.model.parameters())
             say(f"checkpoint cost: {state / 1e6:.0f} MB of state (hidden {hidden})")
+            if (free := shm_free()) < state * SHM_HEADROOM:  # the staged copy would not fit: the rank would fail
+                why = f"/dev/shm has {free / 1e6:,.0f} MB free for a {state / 1e6:,.0f} MB staged copy"
+                say(f"  skipped: {why}")
+                rows.append({"state_mb": round(state / 1e6), "device": name(ctx.device), "skipped": why})
+                del trainable, ctx
+                continue
             with tempfile.TemporaryDirectory() as tmp:
                 sync = []
                 for i in range(rounds):
                     started = clock()
                     checkpoint.save(Path(tmp) / "sync", 10 + i, trainable, None, {})
                     sync.append(clock() - started)
+                    shutil.rmtree(Path(tmp) / "sync")  # one save on disk at a time (2 GB each)
                 saver = checkpoint.AsyncSaver(Path(tmp) / "async", ctx.device)
                 saver.warm_up()
                 saver.finish(lambda ok: ok)
@@ -95,6 +101,7 @@ def measure(sizes_mb: list[float], rounds: int, device: str = "cpu") -> list[dic
                     if i:
                         blocked.append(staged)
                         written.append(done.write_s)
+                    shutil.rmtree(Path(tmp) / "async" / step_name(10 + i))
                 saver.close()
             row = {"state_mb": round(state / 1e6), "device": name(ctx.device), "sync_s": statistics.median(sync),
                    "async_blocking_s": statistics.median(blocked), "async_write_s": statistics.median(written)}  # fmt: skip
@@ -135,6 +142,15 @@ def job_comparison(steps: int = 100) -> dict:
     return out
 
 
+def shm_free() -> float:
+    """Bytes free in /dev/shm, where an asynchronous save stages its copy (shared with its writer)."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:
+        return 0.0
+    return stat.f_frsize * stat.f_bavail
+
+
 def name(device) -> str:
     """The device as a table names it: the GPU's model, or the CPU."""
     import torch  # as measure's
@@ -161,6 +177,9 @@ def table(result: dict) -> list[str]:
     lines = ["| state | on | synchronous save | asynchronous: the loop blocked | its write | blocked / sync |",
              "|---:|---|---:|---:|---:|---:|"]  # fmt: skip
     for r in result["sizes"]:
+        if "skipped" in r:
+            lines.append(f"| {r['state_mb']:,} MB | {r['device']} | not measured: {r['skipped']} | | | |")
+            continue
         lines.append(f"| {r['state_mb']:,} MB | {r.get('device', 'CPU')} | {r['sync_s']:.3f} s | {r['async_blocking_s']:.3f} s | "
                      f"{r['async_write_s']:.3f} s | {r['ratio']:.3f} |")  # fmt: skip
     if job := result.get("job"):

@@ -21,7 +21,6 @@ from pathlib import Path
 
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT
-from tests.support.jobs import wait_for_line
 from train.contract.protocol import ATTEMPT_VAR, log_name, read_records, record_name
 from train.rank.dist_env import free_port
 
@@ -91,7 +90,7 @@ def attempt(
     return tasks
 
 
-def ended(tasks: list[subprocess.Popen], timeout: float = 600) -> list[int]:
+def ended(tasks: list[subprocess.Popen], timeout: float = 300) -> list[int]:
     """Their exit codes, each waited for (killed, with the others, at the timeout)."""
     try:
         return [task.wait(timeout=timeout) for task in tasks]
@@ -105,11 +104,20 @@ def ended(tasks: list[subprocess.Popen], timeout: float = 600) -> list[int]:
 def kill_mid_run(run_dir: Path, tasks: list[subprocess.Popen]) -> None:
     """Once rank 0 hangs at step ``HANG_AT`` (``HANGS``): it is SIGKILLed (a crash, an OOM kill), then
     the step's other tasks, as srun ends a step one of whose tasks died."""
-    wait_for_line(run_dir / log_name(0), "hangs on purpose", 600)
-    for task in tasks:  # rank 0 first
-        with contextlib.suppress(ProcessLookupError):
-            task.kill()
-        task.wait()
+    log = run_dir / log_name(0)
+
+    def hangs() -> bool:
+        if any(task.poll() is not None for task in tasks):  # a rank ended before: it will never hang
+            raise AssertionError(f"a rank of the first attempt ended before step {HANG_AT}:\n{tails(run_dir)}")
+        return log.exists() and "hangs on purpose" in log.read_text(errors="replace")
+
+    try:
+        wait_until(hangs, 600, f"rank 0 to hang at step {HANG_AT} ({log})", 0.2)
+    finally:
+        for task in tasks:  # rank 0 first
+            with contextlib.suppress(ProcessLookupError):
+                task.kill()
+            task.wait()
 
 
 @dataclass

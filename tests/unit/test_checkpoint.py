@@ -1,6 +1,7 @@
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -165,6 +166,9 @@ def test_a_save_is_staged_pinned_and_non_blocking_from_a_gpu_and_shared_in_the_l
                        "use_async_staging": False, "use_non_blocking_copy": device == "cuda"}  # fmt: skip
     if device == "cpu":  # a GPU's stager asserts a GPU: made and used in the gpu tier
         DefaultStager(StagingOptions(**options)).close()
+    # and the writer of a state in host memory copies nothing ahead from a GPU (a stream of its own,
+    # synchronised in the writing thread: a failed save under train.sync_debug)
+    assert checkpoint.writer(Path("ckpt")).per_thread_copy_ahead == 0
 
 
 def test_a_ranks_own_part_is_copied_to_host_memory_for_a_write_beside_the_loop():

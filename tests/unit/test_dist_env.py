@@ -7,7 +7,7 @@ import pytest
 
 from train.contract.config import Strategy
 from train.contract.protocol import master_port_for_job
-from train.rank.dist_env import choose_device, expand_hostlist, from_environ, torchrun_environ
+from train.rank.dist_env import DistEnv, choose_device, expand_hostlist, from_environ, group_backend, torchrun_environ
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "h0",
             "MASTER_PORT": "1234", "GROUP_RANK": "1"}  # fmt: skip
@@ -143,3 +143,13 @@ def test_native_stdout_goes_to_stderr_inside_the_block_only():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert (result.stdout, result.stderr) == ("before\nafter\n", "[Gloo] connected\n")
+
+
+@pytest.mark.parametrize(
+    "backend, host_collectives, want",
+    [("nccl", True, "cpu:gloo,cuda:nccl"), ("nccl", False, "nccl"), ("gloo", True, "gloo"), ("gloo", False, "gloo")],
+)
+def test_a_gpu_group_that_saves_asynchronously_has_gloo_beside_nccl(backend, host_collectives, want):
+    """DCP's async_save refuses a group without a CPU backend: a NCCL rank with train.ckpt_async
+    joins with gloo beside NCCL (the gpu tier saves so); a CPU rank's gloo is one already."""
+    assert group_backend(DistEnv(backend=backend), host_collectives) == want

@@ -252,8 +252,19 @@ def use_device(env: DistEnv) -> None:
         torch.cuda.set_device(torch.device(env.device))
 
 
-def init_process_group(env: DistEnv, timeout_s: float, store: object | None = None) -> None:
-    """Join the default group through ``store``, or through the launcher's master address."""
+def group_backend(env: DistEnv, host_collectives: bool = False) -> str:
+    """torch's backend string for the default group: the rank's backend, and with
+    ``host_collectives`` a gloo backend beside NCCL for host tensors. An asynchronous DCP save
+    refuses a group without a CPU backend ("A CPU backend must be enabled for async save"): its
+    writers meet over the host (torchtitan's "cuda:nccl,cpu:gloo" for async checkpoints)."""
+    return f"cpu:gloo,cuda:{env.backend}" if host_collectives and env.backend == "nccl" else env.backend
+
+
+def init_process_group(
+    env: DistEnv, timeout_s: float, store: object | None = None, host_collectives: bool = False
+) -> None:
+    """Join the default group through ``store``, or through the launcher's master address;
+    ``host_collectives``: gloo beside NCCL (``group_backend``)."""
     import torch.distributed as dist  # lazy for start-up time, as above
 
     use_device(env)
@@ -264,7 +275,11 @@ def init_process_group(env: DistEnv, timeout_s: float, store: object | None = No
     meet = {"store": store} if store is not None else {"init_method": f"tcp://{env.master_addr}:{env.master_port}"}
     with native_stdout_to_stderr():
         dist.init_process_group(
-            backend=env.backend, rank=env.rank, world_size=env.world_size, timeout=timedelta(seconds=timeout_s), **meet
+            backend=group_backend(env, host_collectives),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=timeout_s),
+            **meet,
         )
 
 

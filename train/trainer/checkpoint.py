@@ -181,7 +181,9 @@ class AsyncSaver:
         import torch.distributed.checkpoint as dcp  # imported on use, as save's
 
         kind, self.stager = _async_options(self.device, self.stager)
-        future = dcp.async_save({"warm_up": torch.zeros(1)}, checkpoint_id=str(self.dir / WARM_UP), **kind)
+        where = self.dir / WARM_UP
+        future = dcp.async_save({"warm_up": torch.zeros(1)}, checkpoint_id=str(where), storage_writer=writer(where),
+                                **kind)  # fmt: skip
         self.pending = (None, getattr(future, "upload_completion", future), None, time.perf_counter())
 
     def start(self, step: int, trainable: Trainable, scaler, layout: dict) -> None:
@@ -190,7 +192,8 @@ class AsyncSaver:
 
         tmp = begin(self.dir, step, self.unwritable_at)
         kind, self.stager = _async_options(self.device, self.stager)
-        future = dcp.async_save(_state_dicts(trainable), checkpoint_id=str(tmp), async_stager=self.stager, **kind)
+        future = dcp.async_save(_state_dicts(trainable), checkpoint_id=str(tmp), storage_writer=writer(tmp),
+                                async_stager=self.stager, **kind)  # fmt: skip
         staged = extras(step, trainable, scaler, layout, copy=True)
         written = self.extras_writer.submit(torch.save, staged, tmp / f"extra_rank{_rank():05d}.pt")
         self.pending = (step, getattr(future, "upload_completion", future), written, time.perf_counter())
@@ -266,6 +269,17 @@ def _async_options(device: torch.device, stager):
             return kind, None
         stager = DefaultStager(StagingOptions(**staging(device)))
     return kind, stager
+
+
+def writer(path: Path):
+    """DCP's file writer for a state already staged in host memory: nothing to copy ahead from a
+    GPU (``per_thread_copy_ahead=0``). Its default, where CUDA is, copies on a stream of its own
+    and synchronises it in the writing thread, which train.sync_debug's process-wide "error"
+    mode (on in the loop's steps) turns into a failed save; and a writing process would make
+    a CUDA context of its own for it."""
+    from torch.distributed.checkpoint import FileSystemWriter  # on use, as save's
+
+    return FileSystemWriter(str(path), per_thread_copy_ahead=0)
 
 
 def staging(device: torch.device) -> dict[str, bool]:

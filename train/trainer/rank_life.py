@@ -35,7 +35,7 @@ def run_rank(cfg: Config, rank_log: bool = False, timestamps: bool = False) -> d
         torch.set_num_threads(threads)
     if needs_process_group(cfg.parallel.strategy, env.world_size):
         collective_checks(cfg.train.debug_collectives, env.backend, cfg.train.run_dir)
-        init_process_group(env, cfg.train.timeout_s)
+        init_process_group(env, cfg.train.timeout_s, host_collectives=cfg.train.ckpt_async)
     try:
         record = run(cfg, env)
         if record.get("preempted") and env.rank == 0:
