@@ -10,42 +10,24 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from cluster.system.poll import wait_until
 from cluster.system.processes import alive
-from tests.conftest import ROOT
 from tests.support import warm_restart
-from tests.support.jobs import wait_for_line
 
 pytestmark = pytest.mark.slow
 CHILD = [sys.executable, "-P", "-m", "tests.support.standby_child"]
 
 
 def standing_by(where):
-    """A node's environment (a job id of its own, so that no two tests' standbys meet) and its
-    standby, warm; stopped as SLURM ends a step (SIGTERM) after the tests."""
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    """A node's environment, its standby (warm) and its log (tests/support/warm_restart.py)."""
     # the tier's CPU-only setting (tests/conftest.py), set per test, fixed here for the module's standby
-    env = {**os.environ, "SLURM_JOB_ID": f"test-{uuid.uuid4().hex[:8]}", "SLURMD_NODENAME": "n1", "PYTHONPATH": path,
-           "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
-    log = where / "standby.log"
-    with open(log, "w") as out:
-        standby = subprocess.Popen([sys.executable, "-P", "-m", "train.rank.standby", "serve"], env=env, stdout=out,
-                                   stderr=subprocess.STDOUT, cwd=where)  # fmt: skip
-    try:
-        wait_for_line(log, "warm in", timeout=300)
-        yield env, standby, log
-    finally:
-        standby.send_signal(signal.SIGTERM)
-        try:
-            standby.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            standby.kill()
-            standby.wait()
+    with warm_restart.node(where, {"CUDA_VISIBLE_DEVICES": ""}) as standing:
+        assert standing.warm, standing.log.read_text()
+        yield standing.env, standing.process, standing.log
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ WARM, COLD = "warm in", "not listening"  # the standby's log: it forks ranks, or
 @dataclass
 class Node:
     env: dict[str, str]  # the node's variables (SLURM's), every rank's environment
+    process: subprocess.Popen  # the standby
     log: Path  # the standby's output
     warm: bool  # the standby listens (else its log says why the ranks start cold)
 
@@ -51,7 +52,7 @@ def node(where: Path, env: dict[str, str]) -> Iterator[Node]:
     try:
         said = wait_until(lambda: next((w for w in (WARM, COLD) if w in log.read_text()), None), 300,
                           f"the standby to say {WARM!r} or {COLD!r} in {log}", 0.2)  # fmt: skip
-        yield Node(env, log, said == WARM)
+        yield Node(env, standby, log, said == WARM)
     finally:
         standby.send_signal(signal.SIGTERM)
         try:

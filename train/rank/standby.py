@@ -32,6 +32,7 @@ WARM_MODULES = (  # what a rank imports before its first step: torch, its optimi
     "torch.distributed.checkpoint", "train.trainer.rank_life", "train.rank.shim", "train.preflight.check",
 )  # fmt: skip
 FORWARDED = (signal.SIGTERM, signal.SIGINT)  # srun sends these to its step's tasks alone
+STOOD_IN = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT}  # a task's
 JOB_WIDE_S = 1.0  # a SIGTERM the standby got this long before or after its task's came to every step
 MAX_MESSAGE = 1 << 20
 WAKE_S = 1.0
@@ -83,20 +84,26 @@ def receive(sock: socket.socket, fds: int = 0) -> tuple[dict | None, list[int]]:
 
 # ----------------------------------------------------------------------------- the task's side
 def run(argv: list[str]) -> None:
-    """Hand the command to the node's standby and stand in for the rank; or execute it."""
+    """Hand the command to the node's standby and stand in for the rank; or execute it. Until the
+    stand-in's handlers are in place, the signals it handles wait (blocked): a SIGTERM that came
+    between the fork and them would have ended the task, and the standby the rank with a SIGKILL."""
     where = address()
     if where is not None and warm_command(argv):
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOOD_IN)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(where)
         except OSError:  # none listens yet (still importing), or none on this node
             sock.close()
         else:
-            stand_in(sock, argv)
+            stand_in(sock, argv, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a cold start: as the task was (what came, comes)
     os.execvp(argv[0], argv)
 
 
-def stand_in(sock: socket.socket, argv: list[str]) -> None:
+def stand_in(sock: socket.socket, argv: list[str], mask: set[signal.Signals]) -> None:
+    """Stand in for the rank the standby forked (``mask``: the task's own, restored once the
+    signals are handled); returns where the standby would not fork it."""
     request = {
         "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": current_umask(),
         "cpus": sorted(os.sched_getaffinity(0)),
@@ -106,11 +113,12 @@ def stand_in(sock: socket.socket, argv: list[str]) -> None:
     if answer is None or "pid" not in answer:  # the standby would not: a cold start
         sock.close()
         return
-    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT}:
+    for sig in STOOD_IN:
         try:  # the job-wide signals reach the rank directly; these come through the standby
             signal.signal(sig, forward(sock) if sig in FORWARDED else signal.SIG_IGN)
         except (OSError, ValueError):
             pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile is forwarded now
     ended, _ = receive(sock)
     if ended is None:  # the standby is gone, and its child with it
         os._exit(1)
