@@ -30,8 +30,8 @@ def spec(*overrides, path="jobs/cnn.yaml") -> JobSpec:
 @pytest.mark.parametrize(
     "overrides, key, words",
     [
-        (["program.script=nope.py"], "program.script", "no such file 'nope.py' (relative to"),
-        (["program.script=/nope.py"], "program.script", "no such file '/nope.py' (it must be on a filesystem"),
+        (["program.script=nope.py"], "program.script", "no such file 'nope.py' (looked for relative to"),
+        (["program.script=/nope.py"], "program.script", "no such file '/nope.py'"),
         (["program.script=jobs"], "program.script", "'jobs' is a directory, not a script"),
         (["program.script=", "program.module=no_such_module_here"], "program.module", "no module named"),
         (["program.script=", "program.function=jobs.train_cnn:nope", "program.args=[]"], "program.function", "defines no 'nope'"),
