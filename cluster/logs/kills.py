@@ -69,8 +69,9 @@ def scheduler_kill(job_dir: JobDir, plan: dict | None, names: set[str]) -> Sched
             text += said
     if "DUE TO TIME LIMIT" in text or "time limit reached" in text:
         return SchedulerKills(job="killed at the job's time limit")
-    if cancelled := cancel_said(text):
-        return SchedulerKills(job=cancelled, cancelled=BY_THE_SCHEDULER not in cancelled)
+    cancelled, by_someone = cancel_said(text)
+    if cancelled:
+        return SchedulerKills(job=cancelled, cancelled=by_someone)
     spec_signal = ((plan or {}).get("time_limit_signal") or "").upper()
     launcher = ((plan or {}).get("program") or {}).get("launcher")
     kills = SchedulerKills(per_rank=launcher != "torchrun")
@@ -132,19 +133,18 @@ CANCELLED = re.compile(
 )
 
 
-BY_THE_SCHEDULER = "by the scheduler"  # its own cancel (preemption, a node's failure), nobody's decision
-
-
-def cancel_said(text: str) -> str:
-    """Why the job was cancelled, in words, where its scheduler's log says it was; "" otherwise."""
+def cancel_said(text: str) -> tuple[str, bool]:
+    """Why the job was cancelled, in words, where its scheduler's log says it was ("" otherwise),
+    and whether someone cancelled it (scancel, cluster cancel), not the scheduler for a reason
+    of its own (preemption, a node's failure)."""
     if (m := CANCELLED.search(text)) is None:
-        return ""
+        return "", False
     at, due, local = m.groups()
     if local:
-        return f"cancelled by cluster cancel ({local})"
+        return f"cancelled by cluster cancel ({local})", True
     if due is None:
-        return f"cancelled at {at} (scancel, or cluster cancel)"
-    return f"cancelled at {at} {BY_THE_SCHEDULER}, due to {due.lower()}"
+        return f"cancelled at {at} (scancel, or cluster cancel)", True
+    return f"cancelled at {at} by the scheduler, due to {due.lower()}", False
 
 
 def task_numbers(tasks: str) -> list[int]:

@@ -55,13 +55,9 @@ def format_report(report: Report, limit: int = 64, verbose: bool = False) -> str
     cancelled = [r for r in report.ranks if r.state == "cancelled"]
     if cancelled:
         steps = sorted({r.last_step for r in cancelled if r.last_step is not None})
-        after = (
-            ""
-            if not steps
-            else f", after step {steps[0]}"
-            if len(steps) == 1
-            else f", after steps {steps[0]} to {steps[-1]}"
-        )
+        after = f", after step {steps[0]}" if steps else ""
+        if len(steps) > 1:
+            after = f", after steps {steps[0]} to {steps[-1]}"
         lines.append(f"ranks {compress([r.rank for r in cancelled])}: {cancelled[0].error}{after}")
     retired = [r.rank for r in report.ranks if r.state == "retired"]
     if retired:

@@ -59,10 +59,6 @@ def test_a_rank_killed_mid_run_restarts_warm_on_the_gpu_and_trains_on_bitwise_eq
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in uninterrupted)
 
 
-def saves_of(run_dir) -> list[dict]:
-    return [r for r in read_records(run_dir / record_name(0)) if r["event"].startswith("checkpoint")]
-
-
 def trained(where, *overrides: str) -> list[dict]:
     """One rank on cuda:0, started as a job's rank; its records. (With a strategy of a process
     group, DCP's writer is a process, as on a cluster; a one-process strategy's is a thread.)"""

@@ -17,6 +17,7 @@ from cluster.system import minicluster
 from cluster.system.poll import WaitTimeout, wait_until
 from tests.conftest import ROOT, run_module, torchrun
 from tests.support.bad_specs import BAD
+from tests.support.checkpoint import final_params
 from tests.support.jobs import kill_rank, kill_rank_and_wait_end, logs_json, submit, wait_for_line, wait_for_step
 from tests.support.repos import SCRIPT, make_repo
 from train.contract.protocol import DETERMINISTIC_EXIT, read_records
@@ -433,17 +434,6 @@ def test_hang_across_nodes_snapshot_then_watchdog_names_the_stuck_rank(tmp_path)
     code, report = logs_json(job_dir)
     assert code.returncode == 1 and report["first_failure"]["rank"] == 2
     assert report["first_failure"]["node"] == 1 and report["hang"]["culprits"] == [2]
-
-
-def final_params(ckpt) -> dict:
-    import torch.distributed.checkpoint as dcp
-
-    from train.contract.config import ModelConfig
-    from train.trainer.model import build_mlp
-
-    state = {"model": build_mlp(ModelConfig(), 0).state_dict()}
-    dcp.load(state, checkpoint_id=ckpt)
-    return state["model"]
 
 
 def wait_requeued(job_id: str) -> None:

@@ -14,14 +14,14 @@ import signal
 import subprocess
 import sys
 import uuid
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from cluster.system.poll import wait_until
 from tests.conftest import ROOT
-from train.contract.protocol import ATTEMPT_VAR, log_name, read_records, record_name
+from tests.support.checkpoint import final_params
+from train.contract.protocol import ATTEMPT_VAR, log_name, read_records, record_name, step_name
 from train.rank.dist_env import free_port
 
 STEPS, EVERY = 60, 10
@@ -171,13 +171,4 @@ def resumed_at(run_dir: Path) -> list[int]:
 
 def final_parameters(run_dir: Path) -> dict:
     """The model of the run's final checkpoint (step ``STEPS``), read on the CPU."""
-    import torch.distributed.checkpoint as dcp
-
-    from train.contract.config import ModelConfig
-    from train.trainer.model import build_mlp
-
-    state = {"model": build_mlp(ModelConfig(), 0).state_dict()}
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=run_dir / "checkpoints" / f"step_{STEPS:07d}")
-    return state["model"]
+    return final_params(run_dir / "checkpoints" / step_name(STEPS))
